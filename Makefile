@@ -1,0 +1,29 @@
+# loopvision: the two commands of the quick start are `make demo` and `make test`.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: setup test test-slow lint demo bench clean
+
+setup: $(STAMP)
+
+# Re-installs whenever pyproject.toml changes; torch/torchvision come from the local wheel store here.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -e '.[dev]'
+	touch $(STAMP)
+
+test: setup
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+test-slow: setup
+	$(BIN)/python -m pytest -q -m slow $(PYTEST_ARGS)
+
+lint: setup
+	$(BIN)/ruff check packages pipelines tests benchmarks
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

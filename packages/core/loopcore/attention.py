@@ -1,0 +1,122 @@
+"""Multi-head self-attention (2-D RoPE, optional non-overlapping windows) and the DiT-style operator.
+
+All attention goes through :func:`torch.nn.functional.scaled_dot_product_attention`, so the same
+code picks the flash / memory-efficient kernels on GPUs and the math kernel on CPUs.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import nn
+
+from .rope import apply_rope_2d, rope_2d_cos_sin
+
+
+class Mlp(nn.Module):
+    """Token MLP ``Linear(dim, hidden) -> GELU -> Linear(hidden, dim)`` on ``(..., dim)``."""
+
+    def __init__(self, dim: int, hidden_dim: int, bias: bool = True) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden_dim, bias=bias)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(hidden_dim, dim, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class Attention(nn.Module):
+    """Self-attention over a token sequence ``(B, N, C)`` or a token grid ``(B, H, W, C)``.
+
+    On grids, q and k get 2-D RoPE from their global grid position (when ``rope`` is on), and
+    ``window_size`` restricts attention to non-overlapping ``w x w`` windows. Grids whose sides are
+    not multiples of the window are padded and the padded keys masked out, so any image size works.
+
+    Args:
+        dim: channels ``C`` (divisible by ``num_heads``).
+        num_heads: attention heads.
+        qkv_bias: bias on the fused QKV projection.
+        rope: apply 2-D RoPE on grids (needs ``head_dim % 4 == 0``).
+        rope_theta: RoPE base frequency.
+    """
+
+    def __init__(
+        self, dim: int, num_heads: int, qkv_bias: bool = True, rope: bool = True, rope_theta: float = 10000.0
+    ) -> None:
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"Attention: dim={dim} is not divisible by num_heads={num_heads}")
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        if rope and self.head_dim % 4:
+            raise ValueError(f"Attention: 2-D RoPE needs head_dim % 4 == 0, got head_dim={self.head_dim}")
+        self.rope = rope
+        self.rope_theta = rope_theta
+        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor, window_size: int | None = None) -> torch.Tensor:
+        """Attend. ``x``: ``(B, N, C)`` (global, no RoPE) or ``(B, H, W, C)``; returns the same shape."""
+        if x.ndim == 3:
+            if window_size is not None:
+                raise ValueError("window_size needs a (B, H, W, C) grid, got a (B, N, C) sequence")
+            q, k, v = rearrange(self.qkv(x), "b n (three h d) -> three b h n d", three=3, h=self.num_heads)
+            return self.proj(rearrange(F.scaled_dot_product_attention(q, k, v), "b h n d -> b n (h d)"))
+        if x.ndim != 4:
+            raise ValueError(f"Attention expects (B, N, C) or (B, H, W, C), got shape {tuple(x.shape)}")
+        return self.proj(self._grid_attention(self.qkv(x), window_size))
+
+    def _grid_attention(self, qkv: torch.Tensor, window_size: int | None) -> torch.Tensor:
+        b, height, width, _ = qkv.shape
+        q, k, v = rearrange(qkv, "b y x (three h d) -> three b h (y x) d", three=3, h=self.num_heads)
+        if self.rope:
+            cos, sin = rope_2d_cos_sin(height, width, self.head_dim, self.rope_theta, q.device, q.dtype)
+            q, k = apply_rope_2d(q, cos, sin), apply_rope_2d(k, cos, sin)
+        if window_size is None or (height <= window_size and width <= window_size):
+            out = F.scaled_dot_product_attention(q, k, v)
+            return rearrange(out, "b h (y x) d -> b y x (h d)", y=height)
+        ws = window_size
+        pad_h, pad_w = -height % ws, -width % ws
+        grid = [rearrange(t, "b h (y x) d -> b h d y x", y=height) for t in (q, k, v)]
+        if pad_h or pad_w:
+            grid = [F.pad(t, (0, pad_w, 0, pad_h)) for t in grid]
+        q, k, v = (
+            rearrange(t, "b h d (ny wy) (nx wx) -> (b ny nx) h (wy wx) d", wy=ws, wx=ws) for t in grid
+        )
+        mask = None
+        if pad_h or pad_w:
+            valid = torch.zeros(height + pad_h, width + pad_w, dtype=torch.bool, device=q.device)
+            valid[:height, :width] = True
+            valid = rearrange(valid, "(ny wy) (nx wx) -> (ny nx) 1 1 (wy wx)", wy=ws, wx=ws)
+            mask = valid.repeat(b, 1, 1, 1)  # keys only; padded queries are cropped below
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        out = rearrange(
+            out, "(b ny nx) h (wy wx) d -> b (ny wy) (nx wx) (h d)", b=b, ny=(height + pad_h) // ws, wy=ws
+        )
+        return out[:, :height, :width]
+
+
+class AttentionOperator(nn.Module):
+    """DiT-style operator on ``(B, H, W, C)`` token grids (channels last).
+
+    ``N`` = affine-free LayerNorm (eps 1e-6); ``M1`` = QKV -> 2-D RoPE on q, k -> attention
+    (windowed when the caller passes ``window_size``) -> out-projection; ``M2`` = C -> 4C -> C MLP (GELU).
+    """
+
+    channels_last = True
+
+    def __init__(
+        self, dim: int, num_heads: int, mlp_ratio: float = 4.0, qkv_bias: bool = True, rope: bool = True,
+        rope_theta: float = 10000.0,
+    ) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, eps=1e-6, elementwise_affine=False)
+        self.attn = Attention(dim, num_heads, qkv_bias=qkv_bias, rope=rope, rope_theta=rope_theta)
+        self.norm2 = nn.LayerNorm(dim, eps=1e-6, elementwise_affine=False)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio))
+
+    def mix(self, x: torch.Tensor, window_size: int | None = None) -> torch.Tensor:
+        """``M1`` on ``(B, H, W, C)`` (or ``(B, N, C)`` without windows)."""
+        return self.attn(x, window_size)

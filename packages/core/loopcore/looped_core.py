@@ -1,0 +1,215 @@
+"""The looped core: K stored blocks run for a per-scale number of passes.
+
+At scale ``s`` the K-block stack runs ``L_s`` passes,
+
+    h_{t+1} = Core(h_t + [t > 0] * g_s * P_s(h_0), c_{s,t}),
+
+where ``P_s`` is a scale-specific 1x1 (token-wise linear) projection and ``g_s`` a scalar gate that
+starts at 0. Which stored block serves block slot ``k`` of pass ``t`` at scale ``s`` is the sharing
+rule: ``global`` (K blocks for everything), ``scale`` (K per scale) or ``none`` (one per
+application). Sharing is always *one module instance called several times*, never tied
+Parameters, so safetensors, DDP and ``torch.compile`` see ordinary modules. The execution graph and
+arithmetic are identical under the three rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from .conditioning import ScaleLoopEmbedding
+from .hooks import LoopHooks, PassRecord, relative_update
+from .softmor import FUSION_MODES, SoftMoRFusion
+
+SharingRule = Literal["global", "scale", "none"]
+SHARING_RULES: tuple[str, ...] = ("global", "scale", "none")
+
+
+def stored_block_count(num_blocks: int, loops: Sequence[int], sharing: str) -> int:
+    """Blocks a core stores: ``K`` (global), ``K * S`` (scale) or ``K * sum(L)`` (none)."""
+    if sharing == "global":
+        return num_blocks
+    if sharing == "scale":
+        return num_blocks * len(loops)
+    if sharing == "none":
+        return num_blocks * sum(loops)
+    raise ValueError(f"unknown sharing rule {sharing!r}; choose one of {SHARING_RULES}")
+
+
+@dataclass
+class StageOutput:
+    """Result of one stage.
+
+    ``output``: the stage's final state (``h_L``, or the SoftMoR fusion of the pass outputs);
+    ``pass_outputs``: every executed pass's output ``h_1..h_k`` when requested or fused, else ``None``;
+    ``fusion_weights``: ``(B, k, *tokens)`` SoftMoR weights when the core fuses, else ``None``.
+    """
+
+    output: torch.Tensor
+    pass_outputs: list[torch.Tensor] | None = None
+    fusion_weights: torch.Tensor | None = None
+
+
+class LoopedCore(nn.Module):
+    """A weight-shared, scale- and loop-conditioned recursive block stack.
+
+    Args:
+        block_factory: zero-argument callable building one block ``block(x, cond, window_size)``
+            (see :func:`loopcore.conv_block`, :func:`loopcore.attention_block`).
+        num_blocks: ``K``, blocks per pass.
+        loops: ``L_s`` for every scale index ``s`` (the order the caller runs its stages in).
+        dim: feature width ``C`` (for the injection projections and SoftMoR).
+        cond_dim: width of the conditioning vector (default ``dim``).
+        sharing: ``global`` | ``scale`` | ``none``.
+        channels_last: layout of the states: ``False`` = ``(B, C, H, W)``, ``True`` = ``(B, ..., C)``.
+        window_sizes: attention window side per scale (``None`` = global); only for attention blocks.
+        fusion: ``None`` (plain recursion) or a SoftMoR mode fusing each stage's pass outputs.
+    """
+
+    def __init__(
+        self,
+        block_factory: Callable[[], nn.Module],
+        num_blocks: int,
+        loops: Sequence[int],
+        dim: int,
+        cond_dim: int | None = None,
+        sharing: SharingRule = "global",
+        channels_last: bool = False,
+        window_sizes: Sequence[int | None] | None = None,
+        fusion: str | None = None,
+    ) -> None:
+        super().__init__()
+        loops = [int(v) for v in loops]
+        if num_blocks < 1 or not loops or min(loops) < 1:
+            raise ValueError(f"LoopedCore needs num_blocks >= 1 and loops >= 1, got K={num_blocks}, loops={loops}")
+        if window_sizes is not None and len(window_sizes) != len(loops):
+            raise ValueError(f"window_sizes has {len(window_sizes)} entries for {len(loops)} scales")
+        if fusion is not None and fusion not in FUSION_MODES:
+            raise ValueError(f"unknown fusion {fusion!r}; choose None or one of {FUSION_MODES}")
+        self.num_blocks = num_blocks
+        self.loops = loops
+        self.sharing = sharing
+        self.channels_last = channels_last
+        self.window_sizes = list(window_sizes) if window_sizes is not None else [None] * len(loops)
+        self.fusion_mode = fusion
+        self.gradient_checkpointing = False
+        self.hooks: LoopHooks | None = None
+
+        self.embedding = ScaleLoopEmbedding(len(loops), max(loops), cond_dim or dim)
+        self.blocks = nn.ModuleList(block_factory() for _ in range(stored_block_count(num_blocks, loops, sharing)))
+        self._offsets = [sum(loops[:s]) for s in range(len(loops))]
+        # Injection only exists where a stage has a second pass: unused parameters would break DDP.
+        proj = (lambda: nn.Linear(dim, dim)) if channels_last else (lambda: nn.Conv2d(dim, dim, 1))
+        self.injections = nn.ModuleDict({str(s): proj() for s, n in enumerate(loops) if n > 1})
+        self.injection_gates = nn.ParameterDict(
+            {str(s): nn.Parameter(torch.zeros(())) for s, n in enumerate(loops) if n > 1}
+        )
+        self.fusions = None
+        if fusion is not None:
+            self.fusions = nn.ModuleDict(
+                {str(s): SoftMoRFusion(dim, n, fusion, channels_last) for s, n in enumerate(loops) if n > 1}
+            )
+
+    # -- structure -----------------------------------------------------------------------------
+    @property
+    def num_scales(self) -> int:
+        return len(self.loops)
+
+    @property
+    def applications(self) -> int:
+        """Block applications in one full forward over all scales: ``K * sum(L)``."""
+        return self.num_blocks * sum(self.loops)
+
+    def block_index(self, scale: int, loop: int, slot: int) -> int:
+        """Index into ``self.blocks`` of the block run in ``slot`` of pass ``loop`` at ``scale``."""
+        if self.sharing == "global":
+            return slot
+        if self.sharing == "scale":
+            return scale * self.num_blocks + slot
+        return (self._offsets[scale] + loop) * self.num_blocks + slot
+
+    # -- switches ------------------------------------------------------------------------------
+    def set_gradient_checkpointing(self, enabled: bool = True) -> None:
+        """Recompute each pass in the backward pass instead of storing its activations."""
+        self.gradient_checkpointing = enabled
+
+    @contextmanager
+    def use_hooks(self, hooks: LoopHooks | None) -> Iterator[LoopHooks | None]:
+        """Install ``hooks`` for every stage run inside the ``with`` block (restores the old ones)."""
+        previous, self.hooks = self.hooks, hooks
+        try:
+            yield hooks
+        finally:
+            self.hooks = previous
+
+    # -- execution -----------------------------------------------------------------------------
+    def run_pass(self, x: torch.Tensor, scale: int, loop: int) -> torch.Tensor:
+        """Run the K-block stack once with conditioning ``c_{scale, loop}``; ``x`` is post-injection."""
+        cond = self.embedding(scale, loop)
+        window = self.window_sizes[scale]
+        for slot in range(self.num_blocks):
+            x = self.blocks[self.block_index(scale, loop, slot)](x, cond, window_size=window)
+        return x
+
+    def _pass(self, x: torch.Tensor, scale: int, loop: int) -> torch.Tensor:
+        if self.gradient_checkpointing and torch.is_grad_enabled():
+            return checkpoint(self.run_pass, x, scale, loop, use_reentrant=False)
+        return self.run_pass(x, scale, loop)
+
+    def forward(
+        self, h0: torch.Tensor, scale: int, hooks: LoopHooks | None = None, return_passes: bool = False
+    ) -> StageOutput:
+        """Run the stage at ``scale`` from its input ``h0``.
+
+        Args:
+            h0: stage input, ``(B, C, H, W)`` or ``(B, ..., C)`` per ``channels_last``.
+            scale: scale index into ``loops``.
+            hooks: interventions / recording (default: the ones installed with :meth:`use_hooks`).
+            return_passes: also return every pass output (deep supervision, analysis).
+
+        Returns:
+            :class:`StageOutput`; ``output`` has the shape of ``h0``.
+        """
+        if not 0 <= scale < self.num_scales:
+            raise IndexError(f"scale {scale} outside [0, {self.num_scales})")
+        hooks = hooks if hooks is not None else self.hooks
+        loops = self.loops[scale]
+        n_run = hooks.passes_to_run(scale, loops) if hooks is not None else loops
+        keep = return_passes or self.fusions is not None
+        outputs: list[torch.Tensor] = []
+        injected = None
+        h = h0
+        for t in range(n_run):
+            if t == 0:
+                x = h
+            else:
+                if injected is None:  # g_s * P_s(h_0) does not change between passes: compute once
+                    key = str(scale)
+                    injected = self.injection_gates[key] * self.injections[key](h0)
+                x = h + injected
+            bypassed = hooks is not None and (scale, t) in hooks.bypass
+            out = h if bypassed else self._pass(x, scale, t)
+            if hooks is not None and hooks.record:
+                hooks.records.append(self._record(scale, t, bypassed, h, x, out, hooks.keep_tensors))
+            h = out
+            if keep:
+                outputs.append(out)
+        if self.fusions is not None and len(outputs) > 1:
+            fused = self.fusions[str(scale)](outputs)
+            return StageOutput(fused.fused, outputs, fused.weights)
+        return StageOutput(h, outputs if return_passes else None, None)
+
+    @staticmethod
+    def _record(
+        scale: int, loop: int, bypassed: bool, h: torch.Tensor, x: torch.Tensor, out: torch.Tensor, keep: bool
+    ) -> PassRecord:
+        record = PassRecord(scale, loop, bypassed, relative_update(h, out))
+        if keep:
+            record.state_in, record.stack_in, record.state_out = h.detach(), x.detach(), out.detach()
+        return record

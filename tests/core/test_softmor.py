@@ -1,0 +1,74 @@
+import loopcore as lc
+import pytest
+import torch
+
+from tests.conftest import randomize_
+
+
+def states(channels_last: bool, r: int = 4) -> list[torch.Tensor]:
+    shape = (2, 5, 6, 16) if channels_last else (2, 16, 5, 6)
+    return [torch.randn(shape) for _ in range(r)]
+
+
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_last_mode_is_plain_recursion(channels_last: bool) -> None:
+    fusion = lc.SoftMoRFusion(16, 4, "last", channels_last)
+    xs = states(channels_last)
+    out = fusion(xs)
+    assert torch.equal(out.fused, xs[-1])
+    assert out.weights.shape == (2, 4, 5, 6)
+    assert torch.equal(out.weights[:, -1], torch.ones(2, 5, 6))
+
+
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_token_weights_sum_to_one_and_vary_per_token(channels_last: bool) -> None:
+    fusion = randomize_(lc.SoftMoRFusion(16, 4, "token", channels_last), std=0.5)
+    xs = states(channels_last)
+    out = fusion(xs)
+    torch.testing.assert_close(out.weights.sum(dim=1), torch.ones(2, 5, 6))
+    assert (out.weights >= 0).all()
+    assert out.weights.std(dim=(2, 3)).max() > 1e-3  # really token-wise
+    # the fused state is the weighted sum of the steps
+    w = out.weights.unsqueeze(-1) if channels_last else out.weights.unsqueeze(2)
+    torch.testing.assert_close(out.fused, sum(w[:, i] * xs[i] for i in range(4)), rtol=1e-5, atol=1e-6)
+
+
+def test_token_router_starts_as_mean_and_global_mode() -> None:
+    xs = states(True)
+    mean = lc.SoftMoRFusion(16, 4, "mean")(xs).fused
+    torch.testing.assert_close(mean, torch.stack(xs).mean(0))
+    torch.testing.assert_close(lc.SoftMoRFusion(16, 4, "token")(xs).fused, mean)
+    glob = lc.SoftMoRFusion(16, 4, "global")
+    with torch.no_grad():
+        glob.step_logits.copy_(torch.tensor([0.0, 0.0, 0.0, 50.0]))
+    torch.testing.assert_close(glob(xs).fused, xs[-1], rtol=1e-5, atol=1e-5)
+
+
+def test_router_parameter_cost_is_documented_formula() -> None:
+    for dim, r in [(16, 4), (384, 4)]:
+        fusion = lc.SoftMoRFusion(dim, r, "token")
+        assert sum(p.numel() for p in fusion.parameters()) == lc.router_parameter_count(dim, r)
+    assert lc.router_parameter_count(384, 4) == 148_997
+    assert sum(p.numel() for p in lc.SoftMoRFusion(16, 4, "global").parameters()) == 4
+
+
+def test_prefix_of_steps_and_entropy() -> None:
+    fusion = randomize_(lc.SoftMoRFusion(16, 4, "token"), std=0.5)
+    out = fusion(states(True, r=2))
+    assert out.weights.shape[1] == 2
+    assert 0 < float(lc.fusion_entropy(out.weights.detach())) <= float(torch.log(torch.tensor(2.0))) + 1e-6
+    with pytest.raises(ValueError, match="configured for 1..4"):
+        fusion(states(True, r=5))
+
+
+def test_core_with_fusion_returns_weights_and_gets_router_gradients() -> None:
+    core = randomize_(lc.LoopedCore(lc.block_factory("conv", 32, 32), 2, [1, 3], 32, fusion="token"), std=0.05)
+    x = torch.randn(2, 32, 4, 4)
+    out = core(x, 1)
+    assert out.fusion_weights.shape == (2, 3, 4, 4)
+    out.output.sum().backward()
+    assert core.fusions["1"].router[-1].weight.grad.abs().sum() > 0
+    last = randomize_(lc.LoopedCore(lc.block_factory("conv", 32, 32), 2, [1, 3], 32, fusion="last"), std=0.05)
+    plain = lc.LoopedCore(lc.block_factory("conv", 32, 32), 2, [1, 3], 32)
+    plain.load_state_dict(last.state_dict())
+    assert torch.equal(last(x, 1).output, plain(x, 1).output)
