@@ -1,7 +1,7 @@
-import loopcore as lc
 import pytest
 import torch
 
+import loopcore as lc
 from tests.conftest import randomize_
 
 

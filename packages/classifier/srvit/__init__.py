@@ -1,0 +1,1 @@
+"""srvit: recursive ViT classifiers (bViT, SR-ViT)."""

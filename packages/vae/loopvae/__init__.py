@@ -1,0 +1,15 @@
+"""loopvae: LoopVAE recurrent image tokenizers (arXiv 2609.11516) and the reference VAEs.
+
+``create_model(name, **overrides)`` builds any of ``list_models()``: ``loopvae-cnn-f8d16`` (paper
+main), ``loopvae-vit-f8d16``, ``loopvae-multi``, ``loopvae-cnn-tiny`` (CPU demo), ``sd-vae`` and
+``flux-vae`` (diffusers ``AutoencoderKL`` with the exact published configs).
+"""
+
+from .model import DecoderPasses, LoopDecoder, LoopEncoder, LoopVAE
+from .registry import create_model, list_models, register_model
+from .tiling import tile_starts, tiled_apply
+
+__all__ = [
+    "DecoderPasses", "LoopDecoder", "LoopEncoder", "LoopVAE", "create_model", "list_models", "register_model",
+    "tile_starts", "tiled_apply",
+]

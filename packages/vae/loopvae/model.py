@@ -1,0 +1,363 @@
+"""LoopVAE: a recurrent hierarchical KL image tokenizer (arXiv 2609.11516) as a diffusers model.
+
+Encoder: stride-2 stem -> stages at 2x, 4x, 8x, ... (each a run of the encoder's looped core with
+``encoder_loops[s]`` passes, stride-2 transitions between them) -> posterior head(s).
+Decoder: latent projection -> stages from the latent's factor down to 2x (``decoder_loops``,
+coarse to fine, nearest-upsample transitions) -> output head to full resolution. Encoder and
+decoder own separate :class:`loopcore.LoopedCore` instances; stem, transitions, injections and heads
+are never shared. The multi-resolution variant has posterior heads at several factors and a
+decoder entry at each, which runs the remaining suffix of the decoder.
+
+The public surface is diffusers' ``AutoencoderKL``: ``encode`` -> ``AutoencoderKLOutput(latent_dist)``,
+``decode`` -> ``DecoderOutput(sample)``, ``forward``, ``save_pretrained`` / ``from_pretrained``,
+``config.scaling_factor`` / ``shift_factor``, ``enable_slicing`` / ``enable_tiling``,
+``enable_gradient_checkpointing``. Images are ``(B, 3, H, W)`` in [-1, 1].
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from diffusers.configuration_utils import ConfigMixin, register_to_config
+from diffusers.models.autoencoders.vae import AutoencoderMixin, DecoderOutput, DiagonalGaussianDistribution
+from diffusers.models.modeling_outputs import AutoencoderKLOutput
+from diffusers.models.modeling_utils import ModelMixin
+from torch import nn
+
+import loopcore as lc
+
+from .layers import Downsample, LatentProjection, OutputHead, PosteriorHead, Stem, Upsample
+from .tiling import tiled_apply
+
+FUSIONS = ("none", "softmor")
+
+
+def _make_core(
+    width: int, num_blocks: int, loops: Sequence[int], block_type: str, num_heads: int, mlp_ratio: float,
+    kernel_size: int, expansion: int, windows: Sequence[int | None] | None, sharing: str, fusion: str,
+    fusion_mode: str,
+) -> lc.LoopedCore:
+    if block_type == "conv":
+        if windows is not None and any(w is not None for w in windows):
+            raise ValueError("attention windows were given for a conv LoopVAE; set block_type='attention'")
+        factory = lc.block_factory("conv", width, width, kernel_size=kernel_size, expansion=expansion)
+    elif block_type == "attention":
+        factory = lc.block_factory("attention", width, width, num_heads=num_heads, mlp_ratio=mlp_ratio)
+    else:
+        raise ValueError(f"unknown block_type {block_type!r}; choose 'conv' or 'attention'")
+    return lc.LoopedCore(
+        factory, num_blocks, loops, width, sharing=sharing, channels_last=block_type == "attention",
+        window_sizes=windows, fusion=fusion_mode if fusion == "softmor" else None,
+    )
+
+
+def run_stage(core: lc.LoopedCore, h: torch.Tensor, scale: int, return_passes: bool = False) -> lc.StageOutput:
+    """Run one core stage on an NCHW map, converting to the core's layout and back."""
+    if not core.channels_last:
+        return core(h, scale, return_passes=return_passes)
+    out = core(h.permute(0, 2, 3, 1), scale, return_passes=return_passes)
+    to_nchw = lambda t: t.permute(0, 3, 1, 2)
+    passes = [to_nchw(p) for p in out.pass_outputs] if out.pass_outputs is not None else None
+    return lc.StageOutput(to_nchw(out.output), passes, out.fusion_weights)
+
+
+class LoopEncoder(nn.Module):
+    """Image ``(B, 3, H, W)`` -> posterior moments ``{factor: (B, 2 z_f, H/f, W/f)}``."""
+
+    def __init__(
+        self, in_channels: int, width: int, loops: Sequence[int], heads: dict[int, int], **core_kwargs
+    ) -> None:
+        super().__init__()
+        self.factors = [2 ** (s + 1) for s in range(len(loops))]
+        self.stem = Stem(in_channels, width)
+        self.core = _make_core(width, loops=loops, **core_kwargs)
+        self.downs = nn.ModuleList(Downsample(width) for _ in range(len(loops) - 1))
+        self.heads = nn.ModuleDict({str(f): PosteriorHead(width, c) for f, c in sorted(heads.items())})
+
+    def forward(self, x: torch.Tensor, factors: Sequence[int]) -> dict[int, torch.Tensor]:
+        deepest = max(factors)
+        h = self.stem(x)
+        moments = {}
+        for s, factor in enumerate(self.factors):
+            if s > 0:
+                h = self.downs[s - 1](h)
+            h = run_stage(self.core, h, s).output
+            if factor in factors:
+                moments[factor] = self.heads[str(factor)](h)
+            if factor == deepest:
+                break
+        return moments
+
+
+@dataclass
+class DecoderPasses:
+    """Decoder output plus the output head applied to every pass of the finest stage.
+
+    ``sample``: ``(B, 3, H, W)``; ``pass_samples``: one image per executed pass of the last stage,
+    the last of which is ``sample`` (deep supervision of truncated decoders).
+    """
+
+    sample: torch.Tensor
+    pass_samples: list[torch.Tensor]
+
+
+class LoopDecoder(nn.Module):
+    """Latent ``(B, z_f, h, w)`` entering at factor ``f`` -> image ``(B, 3, f h, f w)``."""
+
+    def __init__(
+        self, out_channels: int, width: int, loops: Sequence[int], entries: dict[int, int], **core_kwargs
+    ) -> None:
+        super().__init__()
+        self.factors = [2 ** (len(loops) - s) for s in range(len(loops))]  # coarse -> fine
+        self.inputs = nn.ModuleDict({str(f): LatentProjection(c, width) for f, c in sorted(entries.items())})
+        self.core = _make_core(width, loops=loops, **core_kwargs)
+        self.ups = nn.ModuleList(Upsample(width) for _ in range(len(loops) - 1))
+        self.head = OutputHead(width, out_channels)
+
+    def forward(self, z: torch.Tensor, factor: int, return_passes: bool = False) -> torch.Tensor | DecoderPasses:
+        start = self.factors.index(factor)
+        h = self.inputs[str(factor)](z)
+        last = len(self.factors) - 1
+        for s in range(start, len(self.factors)):
+            if s > start:
+                h = self.ups[s - 1](h)
+            stage = run_stage(self.core, h, s, return_passes=return_passes and s == last)
+            h = stage.output
+        sample = self.head(h)
+        if not return_passes:
+            return sample
+        passes = [self.head(p) for p in stage.pass_outputs[:-1]] + [sample]
+        return DecoderPasses(sample, passes)
+
+
+class LoopVAE(ModelMixin, AutoencoderMixin, ConfigMixin):
+    r"""Recurrent KL-VAE with weight-shared, loop-conditioned cores (see module docstring).
+
+    Args:
+        in_channels, out_channels: image channels.
+        latent_channels: channels of the primary latent (the one ``encode``/``decode`` use by default).
+        latent_factor: downsampling factor of the primary latent (8 for f8d16).
+        extra_latents: further ``[factor, channels]`` posterior heads / decoder entries (multi-resolution).
+        width: model width ``C`` (one width for every scale).
+        num_blocks: ``K`` stored blocks per pass.
+        block_type: ``conv`` (ConvNeXt operator) or ``attention`` (DiT operator with 2-D RoPE).
+        num_heads, mlp_ratio: attention operator settings.
+        kernel_size, expansion: conv operator settings.
+        encoder_loops: passes per encoder stage, fine to coarse (2x first).
+        decoder_loops: passes per decoder stage, coarse to fine (2x last).
+        encoder_windows, decoder_windows: attention window side per stage (``None`` = global).
+        sharing: ``global`` | ``scale`` | ``none`` (stored blocks per branch K / K S / K sum L).
+        fusion: ``none`` or ``softmor`` (fuse each stage's pass outputs before its transition).
+        fusion_mode: SoftMoR mode when ``fusion='softmor'`` (``token`` default).
+        sample_size: training resolution; also the default tile side for tiling.
+        scaling_factor, shift_factor: latent normalisation for diffusion models
+            (``z_model = (z - shift) * scale``), estimated from data by ``loopvae`` tooling.
+        force_upcast: diffusers pipelines upcast the VAE to fp32 when true (not needed: LoopVAE is bf16-safe).
+        tile_overlap_factor: tile overlap as a fraction of the tile side.
+    """
+
+    _supports_gradient_checkpointing = True
+
+    @register_to_config
+    def __init__(
+        self,
+        in_channels: int = 3,
+        out_channels: int = 3,
+        latent_channels: int = 16,
+        latent_factor: int = 8,
+        extra_latents: Sequence[Sequence[int]] = (),
+        width: int = 384,
+        num_blocks: int = 4,
+        block_type: str = "conv",
+        num_heads: int = 6,
+        mlp_ratio: float = 4.0,
+        kernel_size: int = 7,
+        expansion: int = 4,
+        encoder_loops: Sequence[int] = (1, 2, 4),
+        decoder_loops: Sequence[int] = (1, 2, 4),
+        encoder_windows: Sequence[int | None] | None = None,
+        decoder_windows: Sequence[int | None] | None = None,
+        sharing: str = "global",
+        fusion: str = "none",
+        fusion_mode: str = "token",
+        sample_size: int = 256,
+        scaling_factor: float = 1.0,
+        shift_factor: float = 0.0,
+        force_upcast: bool = False,
+        tile_overlap_factor: float = 0.25,
+    ) -> None:
+        super().__init__()
+        if len(encoder_loops) != len(decoder_loops):
+            raise ValueError(
+                f"encoder_loops {list(encoder_loops)} and decoder_loops {list(decoder_loops)} "
+                "need one entry per scale each"
+            )
+        if fusion not in FUSIONS:
+            raise ValueError(f"unknown fusion {fusion!r}; choose one of {FUSIONS}")
+        latents = {int(latent_factor): int(latent_channels)}
+        for pair in extra_latents:
+            factor, channels = (int(v) for v in pair)
+            if factor in latents:
+                raise ValueError(f"extra_latents repeats factor {factor}")
+            latents[factor] = channels
+        scales = [2 ** (s + 1) for s in range(len(encoder_loops))]
+        for factor in latents:
+            if factor not in scales:
+                raise ValueError(f"latent factor {factor} is not one of the model's scales {scales}")
+        if len(set(latents.values())) != len(latents):
+            raise ValueError(f"latent channels must differ between factors to route decode(); got {latents}")
+        self.latent_channels_by_factor = latents
+        core_kwargs = dict(
+            num_blocks=num_blocks, block_type=block_type, num_heads=num_heads, mlp_ratio=mlp_ratio,
+            kernel_size=kernel_size, expansion=expansion, sharing=sharing, fusion=fusion, fusion_mode=fusion_mode,
+        )
+        self.encoder = LoopEncoder(in_channels, width, encoder_loops, latents, windows=encoder_windows, **core_kwargs)
+        self.decoder = LoopDecoder(out_channels, width, decoder_loops, latents, windows=decoder_windows, **core_kwargs)
+        self.use_slicing = False
+        self.use_tiling = False
+        self.tile_sample_size = sample_size
+
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs) -> LoopVAE:
+        """diffusers loading, then every tensor copied into freshly allocated memory.
+
+        safetensors hands out views into the file at arbitrary byte offsets; CPU kernels take other
+        SIMD paths on unaligned weights and round differently (~1e-7). Copying makes a loaded model
+        compute bit-identically to the one that was saved and releases the file mapping.
+        """
+        if importlib.util.find_spec("accelerate") is None:
+            kwargs.setdefault("low_cpu_mem_usage", False)  # diffusers would warn and fall back anyway
+        model = super().from_pretrained(*args, **kwargs)
+        with torch.no_grad():
+            for tensor in list(model.parameters()) + list(model.buffers()):
+                tensor.data = tensor.data.clone()
+        return model
+
+    # -- helpers ---------------------------------------------------------------------------------
+    @property
+    def downsample_factor(self) -> int:
+        """Factor of the primary latent (8 for f8 models)."""
+        return self.config.latent_factor
+
+    def get_last_layer(self) -> torch.Tensor:
+        """Weight of the final RGB conv, for the LDM adaptive GAN weight."""
+        return self.decoder.head.conv_out.weight
+
+    def enable_tiling(self, tile_sample_size: int | None = None, tile_overlap_factor: float | None = None) -> None:
+        """Encode/decode images larger than ``tile_sample_size`` (default ``sample_size``) tile by tile."""
+        if tile_sample_size is not None:
+            if tile_sample_size % max(self.latent_channels_by_factor):
+                raise ValueError(
+                    f"tile_sample_size {tile_sample_size} must be a multiple of {max(self.latent_channels_by_factor)}"
+                )
+            self.tile_sample_size = tile_sample_size
+        if tile_overlap_factor is not None:
+            if not 0 <= tile_overlap_factor < 1:
+                raise ValueError(f"tile_overlap_factor must be in [0, 1), got {tile_overlap_factor}")
+            self.register_to_config(tile_overlap_factor=tile_overlap_factor)
+        self.use_tiling = True
+
+    def _tile_geometry(self, factor: int) -> tuple[int, int]:
+        tile = self.tile_sample_size
+        overlap = int(tile * self.config.tile_overlap_factor) // factor * factor
+        return tile, overlap
+
+    def _check_image(self, x: torch.Tensor, factor: int) -> None:
+        if x.ndim != 4 or x.shape[1] != self.config.in_channels:
+            raise ValueError(
+                f"LoopVAE.encode expects (B, {self.config.in_channels}, H, W) images in [-1, 1], got {tuple(x.shape)}"
+            )
+        if x.shape[-2] % factor or x.shape[-1] % factor:
+            raise ValueError(
+                f"image size {tuple(x.shape[-2:])} is not divisible by the latent factor {factor}: "
+                f"crop or pad H and W to multiples of {factor}"
+            )
+
+    def _factor_of(self, z: torch.Tensor, latent_factor: int | None) -> int:
+        if z.ndim != 4:
+            raise ValueError(f"LoopVAE.decode expects (B, C, h, w) latents, got shape {tuple(z.shape)}")
+        if latent_factor is not None:
+            expected = self.latent_channels_by_factor.get(latent_factor)
+            if expected is None:
+                have = sorted(self.latent_channels_by_factor)
+                raise ValueError(f"no decoder entry at factor {latent_factor}; have {have}")
+            if z.shape[1] != expected:
+                raise ValueError(f"latent at factor {latent_factor} must have {expected} channels, got {z.shape[1]}")
+            return latent_factor
+        for factor, channels in self.latent_channels_by_factor.items():
+            if channels == z.shape[1]:
+                return factor
+        raise ValueError(
+            f"latent has {z.shape[1]} channels; this LoopVAE decodes {self.latent_channels_by_factor} "
+            "(factor: channels)"
+        )
+
+    # -- encode ----------------------------------------------------------------------------------
+    def _encode(self, x: torch.Tensor, factor: int) -> torch.Tensor:
+        tile, overlap = self._tile_geometry(factor)
+        if self.use_tiling and (x.shape[-2] > tile or x.shape[-1] > tile):
+            return tiled_apply(lambda t: self.encoder(t, [factor])[factor], x, tile, overlap, 1.0 / factor)
+        return self.encoder(x, [factor])[factor]
+
+    def encode(
+        self, x: torch.Tensor, return_dict: bool = True, latent_factor: int | None = None
+    ) -> AutoencoderKLOutput | tuple[DiagonalGaussianDistribution]:
+        """Encode ``(B, 3, H, W)`` images in [-1, 1] into a diagonal Gaussian over ``(B, z, H/f, W/f)``.
+
+        ``latent_factor`` picks a posterior head of a multi-resolution model (default: the primary one).
+        """
+        factor = latent_factor or self.config.latent_factor
+        if factor not in self.latent_channels_by_factor:
+            raise ValueError(f"no posterior head at factor {factor}; have {sorted(self.latent_channels_by_factor)}")
+        self._check_image(x, factor)
+        if self.use_slicing and x.shape[0] > 1:
+            moments = torch.cat([self._encode(xs, factor) for xs in x.split(1)])
+        else:
+            moments = self._encode(x, factor)
+        posterior = DiagonalGaussianDistribution(moments)
+        return AutoencoderKLOutput(latent_dist=posterior) if return_dict else (posterior,)
+
+    def encode_all(self, x: torch.Tensor) -> dict[int, DiagonalGaussianDistribution]:
+        """Posteriors at every head ``{factor: distribution}`` from one encoder pass (no tiling)."""
+        factors = sorted(self.latent_channels_by_factor)
+        self._check_image(x, max(factors))
+        return {f: DiagonalGaussianDistribution(m) for f, m in self.encoder(x, factors).items()}
+
+    # -- decode ----------------------------------------------------------------------------------
+    def _decode(self, z: torch.Tensor, factor: int) -> torch.Tensor:
+        tile, overlap = self._tile_geometry(factor)
+        ltile, loverlap = tile // factor, overlap // factor
+        if self.use_tiling and (z.shape[-2] > ltile or z.shape[-1] > ltile):
+            return tiled_apply(lambda t: self.decoder(t, factor), z, ltile, loverlap, float(factor))
+        return self.decoder(z, factor)
+
+    def decode(
+        self, z: torch.Tensor, return_dict: bool = True, generator: torch.Generator | None = None,
+        latent_factor: int | None = None,
+    ) -> DecoderOutput | tuple[torch.Tensor]:
+        """Decode latents ``(B, z, h, w)`` into images ``(B, 3, f h, f w)`` (about [-1, 1], unclipped).
+
+        The entry point of a multi-resolution decoder follows from the latent's channel count.
+        """
+        factor = self._factor_of(z, latent_factor)
+        if self.use_slicing and z.shape[0] > 1:
+            sample = torch.cat([self._decode(zs, factor) for zs in z.split(1)])
+        else:
+            sample = self._decode(z, factor)
+        return DecoderOutput(sample=sample) if return_dict else (sample,)
+
+    def decode_passes(self, z: torch.Tensor, latent_factor: int | None = None) -> DecoderPasses:
+        """Decode and also map every pass of the finest decoder stage through the output head."""
+        return self.decoder(z, self._factor_of(z, latent_factor), return_passes=True)
+
+    def forward(
+        self, sample: torch.Tensor, sample_posterior: bool = False, return_dict: bool = True,
+        generator: torch.Generator | None = None,
+    ) -> DecoderOutput | tuple[torch.Tensor]:
+        """Reconstruct ``sample`` through the posterior mode (or a posterior sample)."""
+        posterior = self.encode(sample).latent_dist
+        z = posterior.sample(generator=generator) if sample_posterior else posterior.mode()
+        return self.decode(z, return_dict=return_dict)

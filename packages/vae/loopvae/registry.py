@@ -1,0 +1,78 @@
+"""Model registry: ``create_model(name, **overrides)`` and ``list_models()``, timm style.
+
+Entry points only choose architecture keyword arguments; overrides replace any of them
+(e.g. ``create_model("loopvae-cnn-f8d16", sharing="none")``).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable
+from typing import Any
+
+from torch import nn
+
+from .model import LoopVAE
+from .reference import FLUX_VAE_CONFIG, SD_VAE_CONFIG, reference_vae
+
+_REGISTRY: dict[str, Callable[..., nn.Module]] = {}
+
+# The paper's main model: C=384, K=4, loops [1, 2, 4] per branch, f8d16.
+LOOPVAE_CNN_F8D16: dict[str, Any] = dict(
+    width=384, num_blocks=4, block_type="conv", latent_channels=16, latent_factor=8,
+    encoder_loops=(1, 2, 4), decoder_loops=(1, 2, 4),
+)
+# Same graph with DiT-style attention blocks (6 heads), 8x8 windows at the 2x and 4x scales.
+LOOPVAE_VIT_F8D16: dict[str, Any] = dict(
+    LOOPVAE_CNN_F8D16, block_type="attention", num_heads=6,
+    encoder_windows=(8, 8, None), decoder_windows=(None, 8, 8),
+)
+# Five scales 2x..32x, 6 attention blocks of width 768, posterior heads at 8x/16x/32x.
+LOOPVAE_MULTI: dict[str, Any] = dict(
+    width=768, num_blocks=6, block_type="attention", num_heads=12,
+    latent_channels=16, latent_factor=8, extra_latents=((16, 64), (32, 128)),
+    encoder_loops=(1, 1, 2, 3, 6), decoder_loops=(6, 3, 2, 1, 1),
+    encoder_windows=(8, 8, None, None, None), decoder_windows=(None, None, None, 8, 8),
+)
+# CPU-sized model for demos and tests: same f8d16 graph, width 64, K=2.
+LOOPVAE_CNN_TINY: dict[str, Any] = dict(
+    width=64, num_blocks=2, block_type="conv", latent_channels=16, latent_factor=8,
+    encoder_loops=(1, 2, 4), decoder_loops=(1, 2, 4), sample_size=128,
+)
+
+
+def register_model(name: str) -> Callable[[Callable[..., nn.Module]], Callable[..., nn.Module]]:
+    """Decorator registering a model constructor under ``name``."""
+
+    def wrap(fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
+        if name in _REGISTRY:
+            raise ValueError(f"model {name!r} is already registered")
+        _REGISTRY[name] = fn
+        return fn
+
+    return wrap
+
+
+def list_models(pattern: str | None = None) -> list[str]:
+    """Registered names, optionally filtered by a shell-style ``pattern`` (e.g. ``"loopvae-*"``)."""
+    names = sorted(_REGISTRY)
+    return [n for n in names if fnmatch.fnmatch(n, pattern)] if pattern else names
+
+
+def create_model(name: str, **overrides: Any) -> nn.Module:
+    """Build the registered model ``name`` with keyword ``overrides`` applied to its configuration."""
+    if name not in _REGISTRY:
+        raise KeyError(f"unknown model {name!r}; available: {', '.join(list_models())}")
+    return _REGISTRY[name](**overrides)
+
+
+def _loopvae(defaults: dict[str, Any]) -> Callable[..., LoopVAE]:
+    return lambda **overrides: LoopVAE(**{**defaults, **overrides})
+
+
+register_model("loopvae-cnn-f8d16")(_loopvae(LOOPVAE_CNN_F8D16))
+register_model("loopvae-vit-f8d16")(_loopvae(LOOPVAE_VIT_F8D16))
+register_model("loopvae-multi")(_loopvae(LOOPVAE_MULTI))
+register_model("loopvae-cnn-tiny")(_loopvae(LOOPVAE_CNN_TINY))
+register_model("sd-vae")(lambda **overrides: reference_vae(SD_VAE_CONFIG, **overrides))
+register_model("flux-vae")(lambda **overrides: reference_vae(FLUX_VAE_CONFIG, **overrides))

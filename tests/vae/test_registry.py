@@ -1,0 +1,102 @@
+"""Paper figures for every registered model, counted on the meta device (no memory, no weights)."""
+
+import pytest
+import torch
+
+import loopvae
+from loopcore.flops import count_macs, count_parameters
+
+PARAMS = {  # name: (paper figure, relative tolerance)
+    "loopvae-cnn-f8d16": (29.07e6, 0.03),
+    "loopvae-vit-f8d16": (34e6, 0.05),
+    "loopvae-multi": (208.31e6, 0.10),
+    "sd-vae": (83.65e6, 0.001),
+    "flux-vae": (83.82e6, 0.001),
+}
+
+
+def meta_model(name: str, **overrides) -> torch.nn.Module:
+    with torch.device("meta"):
+        return loopvae.create_model(name, **overrides)
+
+
+def reconstruct_macs(model: torch.nn.Module, size: int = 256) -> int:
+    with torch.device("meta"):
+        x = torch.empty(1, 3, size, size)
+    return count_macs(lambda: model.decode(model.encode(x).latent_dist.mode()))
+
+
+def count_block_calls(core, fn) -> int:
+    calls = []
+    handles = [b.register_forward_pre_hook(lambda *a: calls.append(1)) for b in core.blocks]
+    try:
+        fn()
+    finally:
+        for h in handles:
+            h.remove()
+    return len(calls)
+
+
+def test_registry_lists_the_spec_names() -> None:
+    assert set(loopvae.list_models()) >= {
+        "loopvae-cnn-f8d16", "loopvae-vit-f8d16", "loopvae-multi", "loopvae-cnn-tiny", "sd-vae", "flux-vae"
+    }
+    assert loopvae.list_models("loopvae-cnn-*") == ["loopvae-cnn-f8d16", "loopvae-cnn-tiny"]
+    with pytest.raises(KeyError, match="unknown model 'loopvae-huge'; available: "):
+        loopvae.create_model("loopvae-huge")
+
+
+@pytest.mark.parametrize("name", sorted(PARAMS))
+def test_parameter_counts_match_the_paper(name: str) -> None:
+    target, tol = PARAMS[name]
+    model = meta_model(name)
+    assert all(p.is_meta for p in model.parameters())
+    assert abs(count_parameters(model) - target) <= tol * target, count_parameters(model)
+
+
+@pytest.mark.parametrize("name,target,tol", [("loopvae-cnn-f8d16", 700.92e9, 0.10), ("flux-vae", 447.62e9, 0.03)])
+def test_macs_at_256_match_the_paper(name: str, target: float, tol: float) -> None:
+    macs = reconstruct_macs(meta_model(name))
+    assert abs(macs - target) <= tol * target, macs / 1e9
+
+
+@pytest.mark.parametrize("name", ["loopvae-cnn-f8d16", "loopvae-vit-f8d16"])
+def test_f8d16_shapes_and_28_counted_applications_per_branch(name: str) -> None:
+    model = meta_model(name)
+    with torch.device("meta"):
+        x = torch.empty(1, 3, 256, 256)
+    posterior = {}
+    enc_calls = count_block_calls(model.encoder.core, lambda: posterior.setdefault("d", model.encode(x).latent_dist))
+    z = posterior["d"].mode()
+    assert z.shape == (1, 16, 32, 32)
+    out = {}
+    dec_calls = count_block_calls(model.decoder.core, lambda: out.setdefault("x", model.decode(z).sample))
+    assert out["x"].shape == (1, 3, 256, 256)
+    assert enc_calls == dec_calls == 4 * (1 + 2 + 4) == 28
+
+
+def test_multi_heads_and_decoder_suffixes() -> None:
+    model = meta_model("loopvae-multi")
+    with torch.device("meta"):
+        x = torch.empty(1, 3, 256, 256)
+    posteriors = model.encode_all(x)
+    assert {f: tuple(p.mode().shape[1:]) for f, p in posteriors.items()} == {
+        8: (16, 32, 32), 16: (64, 16, 16), 32: (128, 8, 8)
+    }
+    calls = {}
+    for factor, posterior in posteriors.items():
+        z = posterior.mode()
+        calls[factor] = count_block_calls(model.decoder.core, lambda z=z: model.decode(z))
+        assert model.decode(z).sample.shape == (1, 3, 256, 256)
+    assert calls == {8: 24, 16: 42, 32: 78}
+    assert len(model.encoder.core.blocks) == len(model.decoder.core.blocks) == 6
+
+
+@pytest.mark.parametrize("sharing,stored", [("global", 4), ("scale", 12), ("none", 28)])
+def test_sharing_rules_store_4_12_28_with_equal_macs_and_shapes(sharing: str, stored: int) -> None:
+    model = meta_model("loopvae-cnn-f8d16", sharing=sharing)
+    assert len(model.encoder.core.blocks) == len(model.decoder.core.blocks) == stored
+    assert reconstruct_macs(model) == reconstruct_macs(meta_model("loopvae-cnn-f8d16"))
+    with torch.device("meta"):
+        x = torch.empty(2, 3, 128, 64)
+    assert model(x).sample.shape == x.shape
