@@ -1,0 +1,136 @@
+"""Defensive image decoding: bytes -> RGB ``uint8`` tensor.
+
+Every colour mode PIL can return is mapped to RGB explicitly, because ``Image.convert("RGB")`` alone is
+wrong for some of them (16-bit greyscale saturates to white, palette/alpha images show whatever colour
+sits under transparent pixels). JPEGs are decoded in *draft* mode when the caller will downscale: libjpeg
+then decodes at 1/2, 1/4 or 1/8 scale in the DCT domain, never below the requested shorter side, which
+is both faster and a good anti-aliasing pre-filter.
+
+The result is a ``torch.uint8`` tensor (3, H, W) whose memory is channels-last, the layout that
+torchvision's fast uint8 antialiased resize kernels use.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import warnings
+
+import numpy as np
+import torch
+from PIL import Image, UnidentifiedImageError
+from torchvision.transforms.v2 import functional as TF
+
+# Formats we decode; the key is PIL's ``Image.format``, the value the tar member extension we write.
+FORMAT_EXTS = {
+    "JPEG": "jpg",
+    "PNG": "png",
+    "WEBP": "webp",
+    "BMP": "bmp",
+    "GIF": "gif",
+    "TIFF": "tiff",
+    "PPM": "ppm",
+}
+# Alpha and palette-with-transparency images are composited on white, as a viewer shows them on a page.
+BACKGROUND = (255, 255, 255)
+
+
+class DecodeError(ValueError):
+    """The bytes are not a decodable image; the message says why (empty, unknown format, truncated...)."""
+
+
+def open_image(data: bytes) -> Image.Image:
+    """Open (lazily) an image from bytes, raising :class:`DecodeError` for empty or non-image data."""
+    if not data:
+        raise DecodeError("empty image member (0 bytes)")
+    try:
+        with warnings.catch_warnings():
+            # Pillow warns (rather than raises) on decompression-bomb sizes and odd EXIF; those are not
+            # failures, and warnings from inside DataLoader workers only add noise.
+            warnings.simplefilter("ignore")
+            img = Image.open(io.BytesIO(data))
+    except UnidentifiedImageError as exc:
+        head = data[:16]
+        raise DecodeError(f"not a recognised image format ({len(data)} bytes, starting {head!r})") from exc
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
+        raise DecodeError(f"cannot open image: {exc}") from exc
+    if img.format not in FORMAT_EXTS:
+        raise DecodeError(f"unsupported image format {img.format}; supported: {', '.join(FORMAT_EXTS)}")
+    return img
+
+
+def draft_request(width: int, height: int, min_size: int) -> tuple[int, int]:
+    """The (w, h) to pass to ``Image.draft`` so that the decoded shorter side stays >= ``min_size``."""
+    scale = min_size / min(width, height)
+    return max(1, math.ceil(width * scale)), max(1, math.ceil(height * scale))
+
+
+def to_rgb(img: Image.Image) -> Image.Image:
+    """Convert any PIL mode to 8-bit RGB.
+
+    * ``1``, ``L``, ``CMYK``, ``YCbCr``, ``LAB``, ``HSV``: PIL's conversion (Adobe-inverted CMYK JPEGs
+      are handled by PIL's JPEG plugin).
+    * ``RGBA``, ``LA``, ``PA`` and ``P``/``L``/``RGB`` with a ``transparency`` entry: alpha-composited
+      over white.
+    * ``I;16*`` and ``I`` (16-bit PNG/TIFF greyscale): the top 8 bits (``v >> 8``).
+
+    Raises:
+        DecodeError: for modes with no defined 8-bit meaning (``F``, 32-bit float).
+    """
+    mode = img.mode
+    if mode == "RGB":
+        if "transparency" not in img.info:
+            return img
+    if mode.startswith("I;16") or mode == "I":
+        array = np.asarray(img, dtype=np.int64)
+        return Image.fromarray(np.clip(array >> 8, 0, 255).astype(np.uint8), "L").convert("RGB")
+    if mode == "F":
+        raise DecodeError("32-bit float image (mode F) has no defined 8-bit range; convert it to 8/16-bit")
+    if mode in ("RGBA", "LA", "PA", "RGBa", "La") or "transparency" in img.info:
+        rgba = img.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, BACKGROUND + (255,))
+        return Image.alpha_composite(background, rgba).convert("RGB")
+    return img.convert("RGB")
+
+
+def decode_pil(data: bytes, min_size: int | None = None) -> Image.Image:
+    """Decode image bytes to an RGB PIL image.
+
+    Args:
+        data: encoded image bytes (JPEG, PNG, WebP, BMP, GIF, TIFF, PPM).
+        min_size: if given, a JPEG may be decoded at reduced scale (draft mode) provided its shorter side
+            stays >= ``min_size``. ``None`` decodes at full resolution.
+
+    Returns:
+        An RGB image (8 bit per channel).
+
+    Raises:
+        DecodeError: empty, unrecognised, truncated or otherwise undecodable bytes.
+    """
+    img = open_image(data)
+    if min_size is not None and img.format == "JPEG":
+        img.draft("RGB", draft_request(*img.size, min_size))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            img.load()
+            return to_rgb(img)
+    except DecodeError:
+        raise
+    except (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError) as exc:
+        raise DecodeError(f"corrupt or truncated {img.format} data: {exc}") from exc
+
+
+def decode_image(data: bytes, min_size: int | None = None) -> torch.Tensor:
+    """Decode image bytes to a ``torch.uint8`` tensor of shape (3, H, W), values in [0, 255].
+
+    See :func:`decode_pil` for ``min_size`` (JPEG draft decoding) and the errors raised. The tensor is a
+    channels-last view (strides H*W*3 -> 1), which torchvision's uint8 resize kernels process fastest.
+    """
+    return TF.pil_to_tensor(decode_pil(data, min_size))
+
+
+def image_size(data: bytes) -> tuple[int, int, str]:
+    """``(width, height, format)`` from the header only; raises :class:`DecodeError` as :func:`open_image`."""
+    img = open_image(data)
+    return img.size[0], img.size[1], img.format

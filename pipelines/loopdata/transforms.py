@@ -1,0 +1,287 @@
+"""Per-task image transforms (torchvision.transforms.v2) and batch-level Mixup/CutMix.
+
+Sample transforms take the ``torch.uint8`` (3, H, W) tensor from :func:`loopdata.decode.decode_image`
+and return ``uint8`` (3, resolution, resolution): geometry and colour augmentation run on uint8, where
+torchvision's kernels are fastest. The batch is then converted to float and normalised once
+(:class:`BatchNormalize`), followed in training by per-image RandomErasing and batch-level Mixup/CutMix.
+Images smaller than the crop are upscaled by the resize step, never dropped.
+
+Tasks and protocols:
+
+* ``reconstruction`` (output in [-1, 1]):
+  eval = resize shorter side to ``resolution`` (bicubic, antialiased) + centre crop;
+  train = resize shorter side to ``resolution * s``, ``s ~ U(scale)`` (default ``(1, 1)``, no jitter),
+  random crop, horizontal flip.
+* ``classification`` with ``protocol="imagenet"`` (DeiT recipe; output normalised by ``mean``/``std``):
+  train = RandomResizedCrop(scale=(0.08, 1)), flip, RandAugment(2 ops, magnitude 9), RandomErasing(0.25,
+  per-pixel normal values), and per batch Mixup(0.8) or CutMix(1.0) (50/50) with label smoothing 0.1;
+  eval = resize shorter side to ``floor(resolution / crop_pct)`` (crop_pct 0.875) + centre crop.
+* ``classification`` with ``protocol="cifar"``: train = random crop with 4-pixel zero padding + flip,
+  eval = identity at 32x32 (other sizes are resized + centre-cropped first); CIFAR-10 mean/std; no
+  RandAugment, erasing, mixing or smoothing unless asked for.
+
+Note: torchvision's RandAugment is close to, not identical with, timm's ``rand-m9-mstd0.5-inc1`` used by
+DeiT (no magnitude noise, different op set details).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torchvision.transforms import v2
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
+CIFAR10_STD = (0.2470, 0.2435, 0.2616)
+BICUBIC = v2.InterpolationMode.BICUBIC
+TASKS = ("reconstruction", "classification")
+
+
+@dataclass(frozen=True)
+class ReconstructionOptions:
+    """Options of the reconstruction task (pass as ``make_loader(..., **options)``).
+
+    Attributes:
+        scale: training scale-jitter range; the shorter side is resized to ``resolution * s`` with
+            ``s ~ U(scale)`` before the random crop. Both values must be >= 1.
+        hflip: horizontal-flip probability in training.
+        draft: decode JPEGs at reduced DCT scale when that keeps the shorter side >= the resize target
+            (faster; pixel values differ slightly from a full decode). ``False`` for bit-exact
+            agreement with a plain PIL/torchvision pipeline.
+    """
+
+    scale: tuple[float, float] = (1.0, 1.0)
+    hflip: float = 0.5
+    draft: bool = True
+
+
+@dataclass(frozen=True)
+class ClassificationOptions:
+    """Options of the classification task; defaults depend on ``protocol`` (see module docstring).
+
+    Mixing is enabled when ``mixup_alpha > 0`` or ``cutmix_alpha > 0``; the batch ``"label"`` is then a
+    float (N, num_classes) soft target with ``label_smoothing`` applied. Without mixing ``"label"`` is an
+    int64 (N,) tensor and label smoothing belongs in the loss (``CrossEntropyLoss(label_smoothing=...)``).
+    """
+
+    protocol: str = "imagenet"
+    num_classes: int = 1000
+    crop_pct: float = 0.875
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    hflip: float = 0.5
+    randaugment_magnitude: int | None = 9
+    randaugment_ops: int = 2
+    random_erasing: float = 0.25
+    mixup_alpha: float = 0.8
+    cutmix_alpha: float = 1.0
+    mix_prob: float = 1.0
+    switch_prob: float = 0.5
+    label_smoothing: float = 0.1
+    padding: int = 4
+    mean: tuple[float, ...] = IMAGENET_MEAN
+    std: tuple[float, ...] = IMAGENET_STD
+    draft: bool = True
+
+    @property
+    def mixing(self) -> bool:
+        """True when batches get Mixup/CutMix soft labels."""
+        return self.mix_prob > 0 and (self.mixup_alpha > 0 or self.cutmix_alpha > 0)
+
+
+_CIFAR_DEFAULTS = dict(
+    randaugment_magnitude=None,
+    random_erasing=0.0,
+    mixup_alpha=0.0,
+    cutmix_alpha=0.0,
+    label_smoothing=0.0,
+    mean=CIFAR10_MEAN,
+    std=CIFAR10_STD,
+    num_classes=10,
+    crop_pct=1.0,
+)
+
+
+def make_options(task: str, **overrides: object) -> ReconstructionOptions | ClassificationOptions:
+    """Build the options dataclass of ``task`` from keyword overrides, rejecting unknown names."""
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}; choose one of {TASKS}")
+    cls = ReconstructionOptions if task == "reconstruction" else ClassificationOptions
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(overrides) - names)
+    if unknown:
+        raise TypeError(f"unknown {task} option(s) {unknown}; valid options: {sorted(names)}")
+    for key in ("scale", "ratio", "mean", "std"):
+        if key in overrides and overrides[key] is not None:
+            overrides[key] = tuple(float(v) for v in overrides[key])  # type: ignore[union-attr]
+    if cls is ClassificationOptions:
+        protocol = overrides.get("protocol", "imagenet")
+        if protocol not in ("imagenet", "cifar"):
+            raise ValueError(f"unknown classification protocol {protocol!r}; choose 'imagenet' or 'cifar'")
+        if protocol == "cifar":
+            overrides = {**_CIFAR_DEFAULTS, **overrides}
+    return cls(**overrides)  # type: ignore[arg-type]
+
+
+class BatchNormalize:
+    """uint8 (N, 3, H, W) in [0, 255] -> float32 ``(x / 255 - mean) / std``, in one fused in-place pass.
+
+    Folded into one multiply and one subtract per channel (``x * a - b``), which is several times faster
+    than per-sample ``ToDtype`` + ``Normalize``. Reconstruction uses mean = std = 0.5, i.e. [-1, 1].
+    """
+
+    def __init__(self, mean: tuple[float, ...], std: tuple[float, ...]) -> None:
+        self.mean, self.std = tuple(mean), tuple(std)
+        self.scale = torch.tensor([1.0 / (255.0 * s) for s in std]).view(1, -1, 1, 1)
+        self.shift = torch.tensor([m / s for m, s in zip(mean, std)]).view(1, -1, 1, 1)
+
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        """uint8 (N, 3, H, W) -> float32 (N, 3, H, W)."""
+        return images.to(torch.float32).mul_(self.scale).sub_(self.shift)
+
+
+@dataclass
+class TaskTransforms:
+    """The transforms of one (task, train/eval) configuration, in the order they run.
+
+    Attributes:
+        sample: uint8 (3, H, W) -> uint8 (3, resolution, resolution), per sample (seeded per sample).
+        normalize: the stacked uint8 batch -> float32 (N, 3, R, R).
+        erase: optional per-image RandomErasing on the normalised float images (training).
+        batch: optional ``(images (N, 3, R, R), labels int64 (N,)) -> (images, soft labels (N, K))``.
+        draft_size: the shorter side JPEG draft decoding must keep (``None``: decode at full size).
+        needs_label: every sample must carry a label (classification).
+        num_classes: labels must lie in ``[0, num_classes)`` when set.
+    """
+
+    sample: Callable[[torch.Tensor], torch.Tensor]
+    normalize: BatchNormalize
+    erase: Callable[[torch.Tensor], torch.Tensor] | None = None
+    batch: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None
+    draft_size: int | None = None
+    needs_label: bool = False
+    num_classes: int | None = None
+    options: object = field(default=None)
+
+
+def build_transforms(
+    task: str, train: bool, resolution: int, options: ReconstructionOptions | ClassificationOptions
+) -> TaskTransforms:
+    """Build the sample (and batch) transforms of a task; see the module docstring for the recipes."""
+    if not isinstance(resolution, int) or resolution < 1:
+        raise ValueError(f"resolution must be a positive integer, got {resolution!r}")
+    if isinstance(options, ReconstructionOptions):
+        return _reconstruction(train, resolution, options)
+    return _classification(train, resolution, options)
+
+
+def _reconstruction(train: bool, res: int, opt: ReconstructionOptions) -> TaskTransforms:
+    lo, hi = opt.scale
+    if not 1.0 <= lo <= hi:
+        raise ValueError(
+            f"reconstruction scale must satisfy 1 <= min <= max (the shorter side becomes resolution * s "
+            f"before the crop), got {opt.scale}"
+        )
+    half = BatchNormalize((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))  # [0, 255] -> [-1, 1]
+    if train:
+        lo_px, hi_px = round(res * lo), round(res * hi)
+        steps = [
+            v2.RandomResize(lo_px, hi_px + 1, interpolation=BICUBIC, antialias=True),
+            v2.RandomCrop(res),
+            v2.RandomHorizontalFlip(opt.hflip),
+        ]
+        draft = hi_px
+    else:
+        steps = [v2.Resize(res, interpolation=BICUBIC, antialias=True), v2.CenterCrop(res)]
+        draft = res
+    return TaskTransforms(v2.Compose(steps), half, draft_size=draft if opt.draft else None, options=opt)
+
+
+def _classification(train: bool, res: int, opt: ClassificationOptions) -> TaskTransforms:
+    if not 0 < opt.crop_pct <= 1:
+        raise ValueError(f"crop_pct must be in (0, 1], got {opt.crop_pct}")
+    if opt.num_classes < 1:
+        raise ValueError(f"num_classes must be >= 1, got {opt.num_classes}")
+    norm = BatchNormalize(opt.mean, opt.std)
+    resize_to = math.floor(res / opt.crop_pct)
+    eval_steps: list[v2.Transform] = [
+        v2.Resize(resize_to, interpolation=BICUBIC, antialias=True),
+        v2.CenterCrop(res),
+    ]
+    if not train:
+        return TaskTransforms(
+            v2.Compose(eval_steps),
+            norm,
+            draft_size=resize_to if opt.draft else None,
+            needs_label=True,
+            num_classes=opt.num_classes,
+            options=opt,
+        )
+    if opt.protocol == "cifar":
+        # CIFAR images are already res x res; resizing first makes other sizes follow the same recipe.
+        steps: list[v2.Transform] = [
+            v2.Resize(res, interpolation=BICUBIC, antialias=True),
+            v2.CenterCrop(res),
+            v2.RandomCrop(res, padding=opt.padding, fill=0),
+            v2.RandomHorizontalFlip(opt.hflip),
+        ]
+        draft = res if opt.draft else None
+    else:
+        steps = [
+            v2.RandomResizedCrop(
+                res, scale=opt.scale, ratio=opt.ratio, interpolation=BICUBIC, antialias=True
+            ),
+            v2.RandomHorizontalFlip(opt.hflip),
+        ]
+        # A small RandomResizedCrop area is upsampled, so full-resolution pixels matter: no draft.
+        draft = None
+    if opt.randaugment_magnitude is not None:
+        # Bilinear, not DeiT's bicubic: torchvision's tensor affine ops support nearest/bilinear only.
+        steps.append(
+            v2.RandAugment(
+                num_ops=opt.randaugment_ops,
+                magnitude=opt.randaugment_magnitude,
+                interpolation=v2.InterpolationMode.BILINEAR,
+            )
+        )
+    # value="random": per-pixel N(0, 1) noise in normalised space, DeiT's "pixel" erasing mode.
+    erase = v2.RandomErasing(p=opt.random_erasing, value="random") if opt.random_erasing > 0 else None
+    batch = MixBatch(opt) if opt.mixing else None
+    return TaskTransforms(v2.Compose(steps), norm, erase, batch, draft, True, opt.num_classes, options=opt)
+
+
+class MixBatch:
+    """Batch-level Mixup / CutMix with label smoothing (timm ``Mixup`` semantics, torchvision ops).
+
+    With probability ``mix_prob`` the batch is mixed, choosing CutMix with probability ``switch_prob``
+    when both alphas are positive; the (possibly unmixed) one-hot targets are then smoothed:
+    ``y * (1 - eps) + eps / K``, which equals mixing smoothed one-hot targets because both are linear.
+    """
+
+    def __init__(self, opt: ClassificationOptions) -> None:
+        self.num_classes = opt.num_classes
+        self.mix_prob = opt.mix_prob
+        self.smoothing = opt.label_smoothing
+        choices, probs = [], []
+        if opt.cutmix_alpha > 0:
+            choices.append(v2.CutMix(alpha=opt.cutmix_alpha, num_classes=opt.num_classes))
+            probs.append(opt.switch_prob if opt.mixup_alpha > 0 else 1.0)
+        if opt.mixup_alpha > 0:
+            choices.append(v2.MixUp(alpha=opt.mixup_alpha, num_classes=opt.num_classes))
+            probs.append(1.0 - opt.switch_prob if opt.cutmix_alpha > 0 else 1.0)
+        self.mix = v2.RandomChoice(choices, p=probs)
+
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """images float (N, 3, H, W), labels int64 (N,) -> (mixed images, soft targets float (N, K))."""
+        if self.mix_prob >= 1 or torch.rand(()) < self.mix_prob:
+            images, target = self.mix(images, labels)
+        else:
+            target = torch.nn.functional.one_hot(labels, self.num_classes).float()
+        if self.smoothing > 0:
+            target = target * (1.0 - self.smoothing) + self.smoothing / self.num_classes
+        return images, target

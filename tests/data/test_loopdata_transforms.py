@@ -1,0 +1,143 @@
+"""Task transforms: value ranges, exact agreement with PIL, DeiT/CIFAR recipes, Mixup targets."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import torch
+from loopdata_helpers import jpeg, noise_image
+from PIL import Image
+from torchvision.transforms import v2
+
+from loopdata.decode import decode_image
+from loopdata.transforms import (
+    CIFAR10_MEAN,
+    CIFAR10_STD,
+    BatchNormalize,
+    ClassificationOptions,
+    MixBatch,
+    build_transforms,
+    make_options,
+)
+
+
+def pil_resize_center_crop(data: bytes, size: int) -> np.ndarray:
+    img = Image.open(io.BytesIO(data)).convert("RGB")
+    w, h = img.size
+    nw, nh = (size, int(size * h / w)) if w <= h else (int(size * w / h), size)
+    img = img.resize((nw, nh), Image.Resampling.BICUBIC)
+    left, top = round((nw - size) / 2), round((nh - size) / 2)
+    return np.asarray(img.crop((left, top, left + size, top + size))).astype(np.int16)
+
+
+def run(tf, data: bytes) -> torch.Tensor:
+    return tf.normalize(tf.sample(decode_image(data, tf.draft_size))[None])[0]
+
+
+def test_reconstruction_eval_matches_plain_pil_within_one_level():
+    opt = make_options("reconstruction", draft=False)
+    tf = build_transforms("reconstruction", False, 32, opt)
+    data = jpeg(90, 60, seed=1)
+    out = run(tf, data)
+    assert out.shape == (3, 32, 32) and out.dtype == torch.float32
+    assert out.min() >= -1 and out.max() <= 1
+    ours = ((out + 1) * 127.5).round().to(torch.int16).permute(1, 2, 0).numpy()
+    assert np.abs(ours - pil_resize_center_crop(data, 32)).max() <= 1
+
+
+def test_reconstruction_train_is_a_flip_or_crop_of_the_resized_image():
+    tf = build_transforms("reconstruction", True, 16, make_options("reconstruction", hflip=0.0))
+    image = decode_image(jpeg(40, 16, seed=2))  # shorter side already 16: crops are windows of the image
+    full = BatchNormalize((0.5,) * 3, (0.5,) * 3)(image[None])[0]
+    out = run(tf, jpeg(40, 16, seed=2))
+    windows = [full[:, :, x : x + 16] for x in range(40 - 16 + 1)]
+    assert any(torch.allclose(out, w) for w in windows)
+
+
+def test_reconstruction_scale_jitter_is_validated_and_applied():
+    with pytest.raises(ValueError, match="1 <= min <= max"):
+        build_transforms("reconstruction", True, 16, make_options("reconstruction", scale=(0.5, 1.0)))
+    tf = build_transforms("reconstruction", True, 16, make_options("reconstruction", scale=(1.0, 2.0)))
+    assert tf.draft_size == 32 and run(tf, jpeg(50, 40)).shape == (3, 16, 16)
+
+
+def test_batch_normalize_equals_torchvision_normalize():
+    images = torch.randint(0, 256, (2, 3, 5, 7), dtype=torch.uint8)
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    expected = v2.Normalize(mean, std)(v2.ToDtype(torch.float32, scale=True)(images))
+    assert torch.allclose(BatchNormalize(mean, std)(images), expected, atol=1e-5)
+
+
+def test_classification_eval_uses_crop_pct():
+    opt = make_options("classification")
+    tf = build_transforms("classification", False, 224, opt)
+    assert tf.draft_size == 256 and tf.needs_label and tf.batch is None  # floor(224 / 0.875)
+    assert run(tf, jpeg(300, 200)).shape == (3, 224, 224)
+
+
+def test_classification_train_deit_recipe_and_soft_targets():
+    opt = make_options("classification", num_classes=4)
+    assert (
+        opt.randaugment_magnitude,
+        opt.random_erasing,
+        opt.mixup_alpha,
+        opt.cutmix_alpha,
+        opt.label_smoothing,
+    ) == (9, 0.25, 0.8, 1.0, 0.1)
+    tf = build_transforms("classification", True, 24, opt)
+    assert tf.draft_size is None and tf.erase is not None
+    images = torch.stack(
+        [tf.normalize(tf.sample(decode_image(jpeg(40, 30, seed=s)))[None])[0] for s in range(6)]
+    )
+    labels = torch.tensor([0, 1, 2, 3, 0, 1])
+    mixed, target = tf.batch(images, labels)
+    assert mixed.shape == images.shape and target.shape == (6, 4)
+    assert torch.allclose(target.sum(1), torch.ones(6))
+    assert target.min() >= 0.1 / 4 - 1e-6  # label smoothing floor
+
+
+def test_mixing_disabled_keeps_integer_labels_and_smoothing_alone_smooths():
+    opt = make_options("classification", mixup_alpha=0.0, cutmix_alpha=0.0)
+    assert not opt.mixing and build_transforms("classification", True, 16, opt).batch is None
+    smooth_only = MixBatch(ClassificationOptions(num_classes=3, mix_prob=0.0, label_smoothing=0.3))
+    _, target = smooth_only(torch.zeros(2, 3, 4, 4), torch.tensor([0, 2]))
+    assert torch.allclose(target, torch.tensor([[0.8, 0.1, 0.1], [0.1, 0.1, 0.8]]))
+
+
+def test_cifar_protocol_eval_is_identity_plus_normalisation():
+    opt = make_options("classification", protocol="cifar")
+    assert (opt.num_classes, opt.mixing, opt.randaugment_magnitude, opt.crop_pct) == (10, False, None, 1.0)
+    data = jpeg(32, 32, seed=5)
+    out = run(build_transforms("classification", False, 32, opt), data)
+    pixels = decode_image(data).float() / 255
+    expected = (pixels - torch.tensor(CIFAR10_MEAN).view(3, 1, 1)) / torch.tensor(CIFAR10_STD).view(3, 1, 1)
+    assert torch.allclose(out, expected, atol=1e-5)
+
+
+def test_cifar_protocol_train_pads_and_crops():
+    opt = make_options("classification", protocol="cifar", hflip=0.0)
+    tf = build_transforms("classification", True, 32, opt)
+    image = decode_image(encode_png(noise_image(32, 32, 9)))
+    torch.manual_seed(0)
+    outs = [tf.sample(image) for _ in range(8)]
+    assert all(o.shape == (3, 32, 32) and o.dtype == torch.uint8 for o in outs)
+    padded = torch.nn.functional.pad(image, (4, 4, 4, 4))
+    for out in outs:  # each output is a 32x32 window of the zero-padded image
+        assert any(torch.equal(out, padded[:, y : y + 32, x : x + 32]) for y in range(9) for x in range(9))
+
+
+def encode_png(image: Image.Image) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def test_options_reject_unknown_names_and_protocols():
+    with pytest.raises(TypeError, match="valid options"):
+        make_options("classification", mix_up=0.5)
+    with pytest.raises(ValueError, match="protocol"):
+        make_options("classification", protocol="places")
+    with pytest.raises(ValueError, match="crop_pct"):
+        build_transforms("classification", False, 32, make_options("classification", crop_pct=1.5))
