@@ -22,6 +22,10 @@ test: setup
 test-slow: setup
 	$(BIN)/python -m pytest -q -m slow $(PYTEST_ARGS)
 
+# Benchmarks write their tables to docs/; each records the command that produced it.
+bench: setup
+	$(BIN)/python benchmarks/bench_data.py --out docs/benchmarks_data.md
+
 lint: setup
 	$(BIN)/ruff check packages pipelines tests benchmarks
 

@@ -1,0 +1,74 @@
+"""Run logging: TensorBoard scalars/images and a rank-0 progress bar with images/s and ETA."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+
+class RunLogger:
+    """Logs on the main rank only; every method is a no-op elsewhere.
+
+    Args:
+        run_dir: TensorBoard events go to ``run_dir / "tb"``.
+        total_steps: for the progress bar's ETA.
+        start_step: first step of this (possibly resumed) run.
+        enabled: whether this process logs (the main rank).
+        progress: show the progress bar (off in tests and non-interactive runs if desired).
+    """
+
+    def __init__(
+        self, run_dir: str | Path, total_steps: int, start_step: int = 0, enabled: bool = True, progress: bool = True
+    ) -> None:
+        self.enabled = enabled
+        self.writer = None
+        self.bar = None
+        self._last_time = time.perf_counter()
+        self._images = 0
+        if not enabled:
+            return
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(log_dir=str(Path(run_dir) / "tb"))
+        if progress:
+            self.bar = tqdm(total=total_steps, initial=start_step, dynamic_ncols=True, desc="train", unit="step")
+
+    def step(self, images: int) -> None:
+        """Advance the bar by one step that processed ``images`` images (all ranks together)."""
+        if not self.enabled:
+            return
+        self._images += images
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def scalars(self, step: int, values: dict[str, float], prefix: str = "train") -> None:
+        if not self.enabled:
+            return
+        now = time.perf_counter()
+        rate = self._images / max(now - self._last_time, 1e-9)
+        self._last_time, self._images = now, 0
+        for key, value in values.items():
+            self.writer.add_scalar(f"{prefix}/{key}", value, step)
+        self.writer.add_scalar(f"{prefix}/images_per_s", rate, step)
+        if self.bar is not None:
+            shown = {k: f"{v:.4g}" for k, v in list(values.items())[:4]}
+            self.bar.set_postfix(**shown, img_s=f"{rate:.1f}")
+
+    def images(self, step: int, tag: str, grid: torch.Tensor) -> None:
+        """Log a ``(3, H, W)`` image grid with values in [0, 1]."""
+        if self.enabled:
+            self.writer.add_image(tag, grid.clamp(0, 1), step)
+
+    def text(self, step: int, tag: str, text: str) -> None:
+        if self.enabled:
+            self.writer.add_text(tag, text, step)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        if self.writer is not None:
+            self.writer.flush()
+            self.writer.close()

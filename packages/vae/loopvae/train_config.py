@@ -1,0 +1,97 @@
+"""Configuration schema of ``loopvae train`` and its presets (``loopvae/configs/*.yaml``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from loopcore.config import ConfigError, resolve_config
+
+PRESETS_DIR = Path(__file__).parent / "configs"
+
+
+@dataclass
+class TrainConfig:
+    """Every key a preset, a YAML file or ``--set key=value`` may give (see ``docs/training.md``)."""
+
+    # what to train
+    model: str = "loopvae-cnn-tiny"
+    model_overrides: dict[str, Any] = field(default_factory=dict)
+    stage: int = 1
+    init_from: str | None = None  # stage 2: the stage-1 release artifact (or run directory)
+    # data
+    resolution: int = 128
+    batch_size: int = 8  # per rank
+    num_workers: int = 2
+    scale_jitter: tuple[float, float] = (1.0, 1.0)
+    hflip: float = 0.5
+    # optimisation
+    max_steps: int = 1000
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.95)
+    warmup_steps: int = 0
+    lr_schedule: str = "constant"
+    min_lr_ratio: float = 0.1
+    grad_clip: float = 1.0
+    ema_decay: float = 0.9999
+    precision: str = "bf16"  # bf16 autocast on CUDA; CPU runs fp32
+    gradient_checkpointing: bool = False
+    device: str = "auto"
+    seed: int = 0
+    # objective
+    l1_weight: float = 1.0
+    perceptual_weight: float = 1.0
+    lpips_net: str = "vgg"
+    lpips_weights: str | None = None
+    kl_weight: float = 1e-6
+    latent_noise_std: float = 0.05
+    deep_supervision_weight: float = 0.0
+    # stage 2
+    discriminator: str = "none"  # none | patchgan | dino
+    dino_weights: str | None = None
+    disc_lr: float = 5e-5
+    disc_betas: tuple[float, float] = (0.5, 0.9)
+    disc_start_step: int = 0
+    gan_start_step: int = 5000
+    gan_weight: float = 0.5
+    adaptive_weight_max: float = 1e4
+    r1_gamma: float = 10.0
+    r1_every: int = 16
+    diffaug_p: float = 1.0
+    diffaug_cutout: float = 0.2
+    # bookkeeping
+    checkpoint_every: int = 1000
+    keep_checkpoints: int = 3
+    log_every: int = 50
+    image_every: int = 500
+    progress_bar: bool = True
+
+    def validate(self) -> TrainConfig:
+        """Cross-key checks; raises :class:`ConfigError` naming the key."""
+        if self.stage not in (1, 2):
+            raise ConfigError(f"stage must be 1 or 2, got {self.stage}")
+        if self.stage == 2 and self.discriminator == "none":
+            raise ConfigError("stage 2 needs discriminator: patchgan or dino")
+        if self.stage == 1 and self.discriminator != "none":
+            raise ConfigError(f"stage 1 trains without a discriminator; got discriminator={self.discriminator!r}")
+        if self.discriminator not in ("none", "patchgan", "dino"):
+            raise ConfigError(f"discriminator must be none, patchgan or dino, got {self.discriminator!r}")
+        for key in ("max_steps", "batch_size", "checkpoint_every", "log_every", "image_every", "r1_every"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"{key} must be >= 1, got {getattr(self, key)}")
+        if self.precision not in ("bf16", "fp32"):
+            raise ConfigError(f"precision must be bf16 or fp32, got {self.precision!r}")
+        if self.lpips_net not in ("vgg", "alex"):
+            raise ConfigError(f"lpips_net must be vgg or alex, got {self.lpips_net!r}")
+        return self
+
+
+def load_train_config(preset: str, overrides: list[str] | None = None) -> TrainConfig:
+    """Resolve ``preset`` (a name in ``loopvae/configs`` or a YAML path) plus ``key=value`` overrides."""
+    return resolve_config(TrainConfig, preset, PRESETS_DIR, overrides).validate()
+
+
+def list_presets() -> list[str]:
+    return sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
