@@ -19,12 +19,17 @@ $(STAMP): pyproject.toml
 test: setup
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
+# The main job: train, evaluate, intervene and profile the tiny LoopVAE on the bundled images.
+demo: setup
+	$(BIN)/loopvae demo --out runs/demo
+
 test-slow: setup
 	$(BIN)/python -m pytest -q -m slow $(PYTEST_ARGS)
 
 # Benchmarks write their tables to docs/; each records the command that produced it.
 bench: setup
-	$(BIN)/python benchmarks/bench_data.py --out docs/benchmarks_data.md
+	$(BIN)/python benchmarks/bench_data.py --out docs/benchmarks.md
+	$(BIN)/python benchmarks/bench_vae.py --out docs/benchmarks.md
 
 lint: setup
 	$(BIN)/ruff check packages pipelines tests benchmarks

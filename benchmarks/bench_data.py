@@ -10,7 +10,7 @@ of each is reported. Both produce a 256x256 RGB uint8 image:
   tensor (torchvision's vectorised uint8 resampling). The loader's full reconstruction eval transform
   (including the conversion to float in [-1, 1]) is timed too.
 
-Usage: ``.venv/bin/python benchmarks/bench_data.py --out docs/benchmarks_data.md``
+Usage: ``.venv/bin/python benchmarks/bench_data.py --out docs/benchmarks.md`` (updates its section)
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from loopdata.decode import decode_image
 from loopdata.shards import expand_urls, image_member, iter_samples
 from loopdata.transforms import ReconstructionOptions, build_transforms
 
-COMMAND = ".venv/bin/python benchmarks/bench_data.py --out docs/benchmarks_data.md"
+COMMAND = ".venv/bin/python benchmarks/bench_data.py --out docs/benchmarks.md"
 
 
 def baseline(data: bytes, size: int) -> np.ndarray:
@@ -115,8 +115,10 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(threads)
     print(text)
     if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from sections import update_section
+
+        update_section(args.out, "data", text)
         print(f"wrote {args.out}", file=sys.stderr)
     return 0
 

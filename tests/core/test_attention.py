@@ -2,7 +2,7 @@ import pytest
 import torch
 
 import loopcore as lc
-from tests.conftest import randomize_
+from lv_testing import randomize_
 
 
 def test_one_window_equals_global_attention() -> None:

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 import loopcore as lc
-from tests.conftest import randomize_
+from lv_testing import randomize_
 
 
 def test_euler_step_one_is_plain_recursion_bit_for_bit() -> None:

@@ -7,7 +7,7 @@ from diffusers.models.autoencoders.vae import DecoderOutput, DiagonalGaussianDis
 from diffusers.models.modeling_outputs import AutoencoderKLOutput
 
 import loopvae
-from tests.conftest import randomize_
+from lv_testing import randomize_
 
 
 def tiny(**overrides) -> loopvae.LoopVAE:

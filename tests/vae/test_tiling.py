@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import loopvae
-from tests.conftest import randomize_
+from lv_testing import randomize_
 
 
 def test_tile_starts_cover_the_axis() -> None:
@@ -50,7 +50,7 @@ def test_tiled_768x512_matches_untiled_decode_and_encode() -> None:
         small_tiles = vae.decode(z).sample
     assert img.shape == ref_img.shape and lat.shape == ref_lat.shape
     # Stated tolerance: GroupNorm statistics are per tile, so tiling is close, not exact
-    # (measured on this random-weight model: 39.3 dB with 256 px tiles, 31.1 dB with 128 px tiles).
+    # (measured on this random-weight model: 47.2 dB with 256 px tiles, 38.7 dB with 128 px tiles).
     assert psnr_between(img, ref_img) > 35.0
     assert psnr_between(small_tiles, ref_img) > 28.0
     assert (lat - ref_lat).abs().mean() < 0.1 * ref_lat.abs().mean()

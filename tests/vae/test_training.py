@@ -12,18 +12,11 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-import loopdata
 from loopcore.checkpoint import CheckpointManager
 from loopvae import LoopVAE
 from loopvae.train_config import load_train_config
 from loopvae.trainer import NonFiniteLossError, Trainer, train
-
-FAST = ["resolution=32", "batch_size=4", "progress_bar=false", "image_every=100"]
-REPO = Path(__file__).resolve().parents[2]
-
-
-def data_urls() -> str:
-    return str(loopdata.bundled_kodak_urls("train")[0])
+from lv_testing import FAST, data_urls
 
 
 def cli(out: Path, *overrides: str, config: str = "tiny-stage1") -> list[str]:
@@ -31,16 +24,8 @@ def cli(out: Path, *overrides: str, config: str = "tiny-stage1") -> list[str]:
             "--set", *FAST, *overrides]
 
 
-@pytest.fixture(scope="module")
-def stage1_run(tmp_path_factory) -> tuple[Path, object]:
-    out = tmp_path_factory.mktemp("stage1") / "run"
-    config = load_train_config("tiny-stage1", [*FAST, "max_steps=40", "checkpoint_every=20", "log_every=5",
-                                              "image_every=20"])
-    return out, train(config, data_urls(), out)
-
-
-def test_tiny_stage1_lowers_loss_and_leaves_checkpoints_and_a_release(stage1_run) -> None:
-    out, result = stage1_run
+def test_tiny_stage1_lowers_loss_and_leaves_checkpoints_and_a_release(tiny_run) -> None:
+    out, result = tiny_run
     totals = [h["total"] for h in result.history]
     assert len(totals) == 40 and result.step == 40
     assert sum(totals[-5:]) / 5 < 0.8 * sum(totals[:5]) / 5, totals
@@ -97,8 +82,8 @@ def test_torchrun_two_ranks_hold_identical_weights(tmp_path: Path) -> None:
     assert LoopVAE.from_pretrained(out / "release") is not None
 
 
-def test_stage2_from_stage1_artifact_gates_gan_and_logs_adaptive_weight_and_r1(stage1_run, tmp_path: Path) -> None:
-    stage1_dir, _ = stage1_run
+def test_stage2_from_stage1_artifact_gates_gan_and_logs_adaptive_weight_and_r1(tiny_run, tmp_path: Path) -> None:
+    stage1_dir, _ = tiny_run
     config = load_train_config("tiny-stage2", [*FAST, f"init_from={stage1_dir}", "max_steps=8", "gan_start_step=4",
                                                "r1_every=2", "checkpoint_every=8", "log_every=1"])
     result = train(config, data_urls(), tmp_path / "stage2")
@@ -111,7 +96,7 @@ def test_stage2_from_stage1_artifact_gates_gan_and_logs_adaptive_weight_and_r1(s
         assert ("r1" in h) == (step % 2 == 0)
         assert "d_loss" in h and "g_loss" in h
     assert CheckpointManager(tmp_path / "stage2" / "checkpoints").load_latest().state["discriminator"]
-    assert start.config.width == 64  # started from the stage-1 architecture
+    assert start.config.width == 48  # started from the stage-1 architecture
 
 
 def test_injected_nan_stops_cleanly_with_the_last_good_checkpoint_intact(tmp_path: Path) -> None:

@@ -42,7 +42,8 @@ class PeakMemory:
     """Result holder: ``peak_bytes`` is filled when the ``with`` block exits."""
 
     device: str
-    peak_bytes: int = 0
+    peak_bytes: int = 0  # extra memory at the peak, over the amount held at entry
+    absolute_peak_bytes: int = 0  # CUDA: max allocated; CPU: peak resident set size of the process
 
     @property
     def peak_mib(self) -> float:
@@ -54,16 +55,19 @@ def track_peak_memory(device: torch.device | str = "cpu") -> Iterator[PeakMemory
     """Measure the peak memory used by the body of the ``with`` block.
 
     CUDA: ``torch.cuda.max_memory_allocated`` after a reset (bytes held by tensors).
-    CPU: the rise of the process's resident-set high-water mark over its size at entry.
+    CPU: the process's resident-set high-water mark during the block (``absolute_peak_bytes``) and
+    its rise over the resident size at entry (``peak_bytes``).
     """
     device = torch.device(device)
     result = PeakMemory(str(device))
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
+        start_alloc = torch.cuda.memory_allocated(device)
         yield result
         torch.cuda.synchronize(device)
-        result.peak_bytes = torch.cuda.max_memory_allocated(device)
+        result.absolute_peak_bytes = torch.cuda.max_memory_allocated(device)
+        result.peak_bytes = result.absolute_peak_bytes - start_alloc
         return
     if device.type != "cpu":
         raise ValueError(f"peak memory tracking supports cpu and cuda, not {device.type}")
@@ -73,4 +77,6 @@ def track_peak_memory(device: torch.device | str = "cpu") -> Iterator[PeakMemory
         )
     start = _status_kib("VmRSS")
     yield result
-    result.peak_bytes = max(0, _status_kib("VmHWM") - start) * 1024
+    peak = _status_kib("VmHWM")
+    result.absolute_peak_bytes = peak * 1024
+    result.peak_bytes = max(0, peak - start) * 1024

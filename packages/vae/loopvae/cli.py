@@ -40,21 +40,119 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_eval(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("eval", help="rFID / PSNR / SSIM / LPIPS of a tokenizer on WebDataset shards")
+    p.add_argument("--checkpoint", required=True,
+                   help="release artifact, training run directory or diffusers VAE folder")
+    p.add_argument("--data", required=True, help="WebDataset shards")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--resolution", type=int, default=256)
+    p.add_argument("--limit", type=int, default=None, help="evaluate at most N images (in total over ranks)")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--num-workers", type=int, default=2)
+    p.add_argument("--fid-weights", default=None, help="torch-fidelity Inception weights (default: torch hub cache)")
+    p.add_argument("--require-fid", action="store_true", help="fail instead of reporting rfid: null")
+    p.add_argument("--lpips-net", choices=("vgg", "alex", "none"), default="alex",
+                   help="LPIPS backbone ('none' skips LPIPS; default alex, the usual evaluation net)")
+    p.add_argument("--lpips-weights", default=None, help="torchvision backbone file for LPIPS (default: hub cache)")
+    p.add_argument("--lpips-random-backbone", action="store_true",
+                   help="plumbing only: random LPIPS backbone (the number is then not LPIPS)")
+    p.add_argument("--save-images", action="store_true", help="write the uint8 reconstructions and references as PNG")
+    p.add_argument("--device", default="auto")
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from .evaluate import EvalOptions, evaluate
+
+    options = EvalOptions(
+        resolution=args.resolution, limit=args.limit, batch_size=args.batch_size, num_workers=args.num_workers,
+        fid_weights=args.fid_weights, require_fid=args.require_fid, lpips_net=args.lpips_net,
+        lpips_weights=args.lpips_weights, lpips_random_backbone=args.lpips_random_backbone,
+        save_images=args.save_images, device=args.device,
+    )
+    metrics = evaluate(args.checkpoint, args.data, args.out, options)
+    rfid = "n/a" if metrics["rfid"] is None else f"{metrics['rfid']:.3f}"
+    lpips = "n/a" if metrics["lpips"] is None else f"{metrics['lpips']:.4f}"
+    print(f"{metrics['num_images']} images: PSNR {metrics['psnr']:.2f} dB, SSIM {metrics['ssim']:.4f}, "
+          f"LPIPS {lpips}, rFID {rfid} -> {args.out}/metrics.json")
+    return 0
+
+
+def _add_intervene(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("intervene", help="prefix truncation, single-pass bypass and relative updates per stage")
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--data", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--limit", type=int, default=16, help="number of images (the paper uses 16)")
+    p.add_argument("--resolution", type=int, default=256)
+    p.add_argument("--device", default="cpu")
+
+
+def _intervene(args: argparse.Namespace) -> int:
+    from .intervene import intervene
+
+    result = intervene(args.checkpoint, args.data, args.out, args.limit, args.resolution, args.device)
+    print(f"{result['num_images']} images, {len(result['stages'])} stages -> {args.out}/interventions.md")
+    return 0
+
+
+def _add_profile(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("profile", help="params, MACs, latency and peak memory of registered models")
+    p.add_argument("--models", required=True, help="comma-separated registry names")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--resolution", type=int, default=256)
+    p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--macs-only", action="store_true", help="only count parameters and MACs (no timing)")
+    p.add_argument("--out", required=True)
+
+
+def _profile(args: argparse.Namespace) -> int:
+    from .profile import profile
+    from .registry import list_models
+
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    unknown = [m for m in models if m not in list_models()]
+    if unknown:
+        raise ValueError(f"unknown model(s) {unknown}; available: {', '.join(list_models())}")
+    profile(models, args.out, device=args.device, batch=args.batch, resolution=args.resolution, dtype=args.dtype,
+            warmup=args.warmup, iters=args.iters, macs_only=args.macs_only)
+    print((__import__("pathlib").Path(args.out) / "profile.md").read_text())
+    return 0
+
+
+def _add_demo(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("demo", help="train, evaluate, intervene and profile the tiny model on the bundled images")
+    p.add_argument("--out", default="runs/demo")
+    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override tiny-stage1 config keys")
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    report = run_demo(args.out, args.set)
+    print(f"demo report: {report}")
+    return 0
+
+
+COMMANDS = {"train": _train, "eval": _eval, "intervene": _intervene, "profile": _profile, "demo": _demo}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="loopvae", description="LoopVAE tokenizers: train, evaluate, intervene, profile."
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    _add_train(sub)
+    for add in (_add_train, _add_eval, _add_intervene, _add_profile, _add_demo):
+        add(sub)
     args = parser.parse_args(argv)
     try:
-        if args.command == "train":
-            return _train(args)
+        return COMMANDS[args.command](args)
     except (ConfigError, FileNotFoundError, ValueError) as err:
         print(f"loopvae {args.command}: error: {err}", file=sys.stderr)
         return 2
-    parser.error(f"unknown command {args.command}")
-    return 2
 
 
 if __name__ == "__main__":

@@ -39,12 +39,14 @@ FUSIONS = ("none", "softmor")
 def _make_core(
     width: int, num_blocks: int, loops: Sequence[int], block_type: str, num_heads: int, mlp_ratio: float,
     kernel_size: int, expansion: int, windows: Sequence[int | None] | None, sharing: str, fusion: str,
-    fusion_mode: str,
+    fusion_mode: str, norm_groups: int,
 ) -> lc.LoopedCore:
     if block_type == "conv":
         if windows is not None and any(w is not None for w in windows):
             raise ValueError("attention windows were given for a conv LoopVAE; set block_type='attention'")
-        factory = lc.block_factory("conv", width, width, kernel_size=kernel_size, expansion=expansion)
+        factory = lc.block_factory(
+            "conv", width, width, kernel_size=kernel_size, expansion=expansion, groups=norm_groups
+        )
     elif block_type == "attention":
         factory = lc.block_factory("attention", width, width, num_heads=num_heads, mlp_ratio=mlp_ratio)
     else:
@@ -73,10 +75,11 @@ class LoopEncoder(nn.Module):
     ) -> None:
         super().__init__()
         self.factors = [2 ** (s + 1) for s in range(len(loops))]
-        self.stem = Stem(in_channels, width)
+        groups = core_kwargs["norm_groups"]
+        self.stem = Stem(in_channels, width, groups)
         self.core = _make_core(width, loops=loops, **core_kwargs)
         self.downs = nn.ModuleList(Downsample(width) for _ in range(len(loops) - 1))
-        self.heads = nn.ModuleDict({str(f): PosteriorHead(width, c) for f, c in sorted(heads.items())})
+        self.heads = nn.ModuleDict({str(f): PosteriorHead(width, c, groups) for f, c in sorted(heads.items())})
 
     def forward(self, x: torch.Tensor, factors: Sequence[int]) -> dict[int, torch.Tensor]:
         deepest = max(factors)
@@ -113,10 +116,13 @@ class LoopDecoder(nn.Module):
     ) -> None:
         super().__init__()
         self.factors = [2 ** (len(loops) - s) for s in range(len(loops))]  # coarse -> fine
-        self.inputs = nn.ModuleDict({str(f): LatentProjection(c, width) for f, c in sorted(entries.items())})
+        groups = core_kwargs["norm_groups"]
+        self.inputs = nn.ModuleDict(
+            {str(f): LatentProjection(c, width, groups) for f, c in sorted(entries.items())}
+        )
         self.core = _make_core(width, loops=loops, **core_kwargs)
         self.ups = nn.ModuleList(Upsample(width) for _ in range(len(loops) - 1))
-        self.head = OutputHead(width, out_channels)
+        self.head = OutputHead(width, out_channels, groups)
 
     def forward(self, z: torch.Tensor, factor: int, return_passes: bool = False) -> torch.Tensor | DecoderPasses:
         start = self.factors.index(factor)
@@ -153,6 +159,8 @@ class LoopVAE(ModelMixin, AutoencoderMixin, ConfigMixin):
         sharing: ``global`` | ``scale`` | ``none`` (stored blocks per branch K / K S / K sum L).
         fusion: ``none`` or ``softmor`` (fuse each stage's pass outputs before its transition).
         fusion_mode: SoftMoR mode when ``fusion='softmor'`` (``token`` default).
+        norm_groups: GroupNorm groups in the conv blocks, stem and heads (32; narrow models want
+            several channels per group, or the normalisation erases per-image colour statistics).
         sample_size: training resolution; also the default tile side for tiling.
         scaling_factor, shift_factor: latent normalisation for diffusion models
             (``z_model = (z - shift) * scale``), estimated from data by ``loopvae`` tooling.
@@ -184,6 +192,7 @@ class LoopVAE(ModelMixin, AutoencoderMixin, ConfigMixin):
         sharing: str = "global",
         fusion: str = "none",
         fusion_mode: str = "token",
+        norm_groups: int = 32,
         sample_size: int = 256,
         scaling_factor: float = 1.0,
         shift_factor: float = 0.0,
@@ -214,6 +223,7 @@ class LoopVAE(ModelMixin, AutoencoderMixin, ConfigMixin):
         core_kwargs = dict(
             num_blocks=num_blocks, block_type=block_type, num_heads=num_heads, mlp_ratio=mlp_ratio,
             kernel_size=kernel_size, expansion=expansion, sharing=sharing, fusion=fusion, fusion_mode=fusion_mode,
+            norm_groups=norm_groups,
         )
         self.encoder = LoopEncoder(in_channels, width, encoder_loops, latents, windows=encoder_windows, **core_kwargs)
         self.decoder = LoopDecoder(out_channels, width, decoder_loops, latents, windows=decoder_windows, **core_kwargs)

@@ -34,10 +34,11 @@ LOOPVAE_MULTI: dict[str, Any] = dict(
     encoder_loops=(1, 1, 2, 3, 6), decoder_loops=(6, 3, 2, 1, 1),
     encoder_windows=(8, 8, None, None, None), decoder_windows=(None, None, None, 8, 8),
 )
-# CPU-sized model for demos and tests: same f8d16 graph, width 64, K=2.
+# CPU-sized model for demos and tests: same f8d16 graph, width 48 (a multiple of 12, 16 and 3, so every
+# residual shortcut of the stem, latent and RGB head applies), K=2.
 LOOPVAE_CNN_TINY: dict[str, Any] = dict(
-    width=64, num_blocks=2, block_type="conv", latent_channels=16, latent_factor=8,
-    encoder_loops=(1, 2, 4), decoder_loops=(1, 2, 4), sample_size=128,
+    width=48, num_blocks=2, block_type="conv", latent_channels=16, latent_factor=8,
+    encoder_loops=(1, 2, 4), decoder_loops=(1, 2, 4), sample_size=128, norm_groups=8,
 )
 
 

@@ -38,6 +38,7 @@ class TrainConfig:
     ema_decay: float = 0.9999
     precision: str = "bf16"  # bf16 autocast on CUDA; CPU runs fp32
     gradient_checkpointing: bool = False
+    channels_last: bool = True  # NHWC activations: ~1.5x faster convolutions on CPU (oneDNN) and GPU
     device: str = "auto"
     seed: int = 0
     # objective

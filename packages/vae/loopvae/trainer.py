@@ -62,6 +62,7 @@ class TrainResult:
     release_dir: Path | None
     last_logs: dict[str, float]
     history: list[dict[str, float]]  # this rank's per-step logs (``step`` included)
+    resumed_from: Path | None = None
 
 
 class ReconstructionStep(nn.Module):
@@ -145,6 +146,8 @@ class Trainer:
 
         torch.manual_seed(config.seed)  # identical initialisation on every rank
         self.vae = build_vae(config).to(dev)
+        self.memory_format = torch.channels_last if config.channels_last else torch.contiguous_format
+        self.vae = self.vae.to(memory_format=self.memory_format)
         if config.gradient_checkpointing:
             self.vae.enable_gradient_checkpointing()
         self.ema = EMA(self.vae, config.ema_decay).to(dev)
@@ -310,7 +313,7 @@ class Trainer:
                         continue
                     seed_step(cfg.seed, ctx.rank, self.step)
                     self.vae.train()
-                    x = batch["image"].to(ctx.device, non_blocking=True)
+                    x = batch["image"].to(ctx.device, non_blocking=True).contiguous(memory_format=self.memory_format)
                     logs, recon = self.generator_step(x)
                     if self.disc is not None and self.step >= cfg.disc_start_step:
                         logs.update(self.discriminator_step(x, recon))
@@ -335,7 +338,7 @@ class Trainer:
         finally:
             logger.close()
         release = self.finish(stopped_by, logs)
-        return TrainResult(self.run_dir, self.step, stopped_by, release, logs, history)
+        return TrainResult(self.run_dir, self.step, stopped_by, release, logs, history, self.resumed_from)
 
     def finish(self, stopped_by: str | None, logs: dict[str, float]) -> Path | None:
         """Cross-rank weight check, run summary and (when complete) the EMA release artifact."""

@@ -1,1 +1,0 @@
-"""srvit: recursive ViT classifiers (bViT, SR-ViT)."""

@@ -1,0 +1,105 @@
+"""Reconstruction metrics with a pinned protocol (PRACTICES.md "Metrics").
+
+* Reconstructions are clamped to [-1, 1] and quantised to uint8 exactly like the references (the
+  centre-cropped images the model saw), then compared.
+* PSNR: mean over images of per-image PSNR on uint8 (data range 255).
+* SSIM: Gaussian window 11x11, sigma 1.5, data range 255, mean over valid window positions per
+  image, then mean over images (torchmetrics' SSIM map; equals piq / scikit-image).
+* LPIPS: the named net (``vgg`` or ``alex``) on the quantised images mapped back to [-1, 1].
+* rFID: torchmetrics ``FrechetInceptionDistance`` (torch-fidelity's InceptionV3, 2048-d pool
+  features, ``antialias=False`` as torch-fidelity resizes), float64 running sums; weights from a
+  local file, never downloaded.
+* Interventions add raw PSNR (no clipping or quantisation, [0, 1] scale), the fraction of pixels with
+  any channel outside [0, 1], and the clipping displacement ``mean |u - clip(u)|``.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torchmetrics.functional.image import peak_signal_noise_ratio, structural_similarity_index_measure
+
+INCEPTION_FILE = "weights-inception-2015-12-05-6726825d.pth"
+
+
+def to_uint8(images: torch.Tensor) -> torch.Tensor:
+    """``(B, 3, H, W)`` in [-1, 1] (any range; clamped) -> uint8 ``[0, 255]``."""
+    return ((images.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+
+
+def psnr_per_image(pred: torch.Tensor, target: torch.Tensor, data_range: float = 255.0) -> torch.Tensor:
+    """``(B,)`` PSNR in dB between ``(B, C, H, W)`` images (uint8 or float on the ``data_range`` scale)."""
+    return peak_signal_noise_ratio(
+        pred.double(), target.double(), data_range=data_range, reduction="none", dim=(1, 2, 3)
+    )
+
+
+def ssim_per_image(pred: torch.Tensor, target: torch.Tensor, data_range: float = 255.0) -> torch.Tensor:
+    """``(B,)`` SSIM with an 11x11 Gaussian window (sigma 1.5), averaged over the valid window positions.
+
+    torchmetrics computes the SSIM map on a reflect-padded image; we average the map over the
+    positions whose window lies inside the image (5 px border excluded), the convention of Wang et
+    al.'s reference code, scikit-image and piq (they agree to ~1e-15).
+    """
+    _, ssim_map = structural_similarity_index_measure(
+        pred.double(), target.double(), gaussian_kernel=True, sigma=1.5, kernel_size=11, data_range=data_range,
+        reduction="none", return_full_image=True,
+    )
+    pad = 5
+    if ssim_map.shape[-1] <= 2 * pad or ssim_map.shape[-2] <= 2 * pad:
+        raise ValueError(f"SSIM needs images larger than the 11x11 window, got {tuple(pred.shape[-2:])}")
+    return ssim_map[..., pad:-pad, pad:-pad].mean(dim=(1, 2, 3))
+
+
+def range_statistics(recon: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per-image raw PSNR, out-of-range pixel fraction and clipping displacement (all on [0, 1]).
+
+    ``recon`` is the unclipped decoder output in the [-1, 1] convention; ``target`` the reference in [-1, 1].
+    """
+    u = (recon.double() + 1) / 2
+    ref = (target.double() + 1) / 2
+    outside = ((u < 0) | (u > 1)).any(dim=1).flatten(1).double().mean(dim=1)
+    displacement = (u - u.clamp(0, 1)).abs().flatten(1).mean(dim=1)
+    return {"raw_psnr": psnr_per_image(u, ref, data_range=1.0), "out_of_range": outside,
+            "clip_displacement": displacement}
+
+
+def bicubic_baseline(images: torch.Tensor, values_per_pixel: float) -> tuple[torch.Tensor, tuple[int, int]]:
+    """Bicubic down- and up-sampling that keeps at least ``values_per_pixel`` numbers per pixel.
+
+    ``images``: ``(B, 3, H, W)`` in [-1, 1]. The low-resolution image has ``3 h w >= vpp H W`` values
+    (e.g. 19x19 for 64x64 at the 0.25 values/pixel of an f8 16-channel latent). Returns the
+    reconstruction (unclipped) and ``(h, w)``.
+    """
+    _, c, height, width = images.shape
+    scale = math.sqrt(values_per_pixel / c)
+    h, w = max(1, math.ceil(height * scale)), max(1, math.ceil(width * scale))
+    while c * h * w < values_per_pixel * height * width:
+        h, w = h + 1, w + 1
+    low = F.interpolate(images.float(), size=(h, w), mode="bicubic", antialias=True, align_corners=False)
+    return F.interpolate(low, size=(height, width), mode="bicubic", align_corners=False), (h, w)
+
+
+def default_inception_path() -> Path:
+    """Where torchmetrics / torch-fidelity users keep the FID Inception weights (torch hub cache)."""
+    return Path(torch.hub.get_dir()) / "checkpoints" / INCEPTION_FILE
+
+
+def build_fid(weights_path: str | Path | None) -> tuple[object | None, str | None, Path | None]:
+    """``(metric, unavailable_reason, weights_file)``; the metric is ``None`` when weights are missing."""
+    path = Path(weights_path) if weights_path else default_inception_path()
+    if not path.is_file():
+        reason = (
+            f"FID Inception weights not found at {path}: place torch-fidelity's {INCEPTION_FILE} there "
+            "(or in $TORCH_HOME/hub/checkpoints/) or pass --fid-weights PATH"
+        )
+        return None, reason, None
+    from torchmetrics.image.fid import FrechetInceptionDistance
+
+    fid = FrechetInceptionDistance(
+        feature=2048, normalize=False, feature_extractor_weights_path=str(path), antialias=False
+    )
+    return fid, None, path

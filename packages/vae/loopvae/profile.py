@@ -1,0 +1,198 @@
+"""``loopvae profile``: what fewer stored weights cost in arithmetic, time and memory.
+
+Per model: parameters and MACs (counted on the ``meta`` device, batch 1), and, unless
+``macs_only``, the latency of encoder -> posterior sample -> decoder at the requested batch
+(``warmup`` untimed + ``iters`` timed passes; ms per image = mean batch latency / batch), images/s and
+peak memory (CUDA: max allocated; CPU: peak resident set size of the process during the timed
+section). For LoopVAE models, a separate instrumented pass measures each core stage's share of the
+core time, reported next to the analytic share (pixels x passes; 16:8:4:1:8:64 for the f8d16 models).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from loopcore.flops import count_macs, count_parameters
+from loopcore.memory import track_peak_memory
+
+from .model import LoopVAE
+from .registry import create_model
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def count_model(name: str, resolution: int) -> tuple[int, int]:
+    """``(params, MACs)`` of one 256^2-style reconstruction at batch 1, on the meta device."""
+    with torch.device("meta"):
+        model = create_model(name)
+        x = torch.empty(1, 3, resolution, resolution)
+    macs = count_macs(lambda: model.decode(model.encode(x).latent_dist.sample()))
+    return count_parameters(model), macs
+
+
+def analytic_stage_share(model: LoopVAE, resolution: int) -> dict[str, float]:
+    """Per-stage share of core work as tokens x passes (exact for conv cores: same block everywhere)."""
+    work = {}
+    for branch in ("encoder", "decoder"):
+        part = getattr(model, branch)
+        for s, factor in enumerate(part.factors):
+            if branch == "decoder" and factor > model.config.latent_factor:
+                continue  # stages above the primary latent do not run in a reconstruction
+            work[f"{branch} {factor}x"] = (resolution // factor) ** 2 * part.core.loops[s]
+    total = sum(work.values())
+    return {k: v / total for k, v in work.items()}
+
+
+@torch.no_grad()
+def measured_stage_share(model: LoopVAE, x: torch.Tensor) -> dict[str, float]:
+    """Wall-clock share of each core stage in one reconstruction, timed by forward hooks on the cores."""
+    device = x.device
+    times: dict[str, float] = {}
+    started: dict[str, tuple[float, int]] = {}
+    handles = []
+    for branch in ("encoder", "decoder"):
+        part = getattr(model, branch)
+
+        def pre(module, args, kwargs, branch=branch):
+            _sync(device)
+            scale = args[1] if len(args) > 1 else kwargs["scale"]
+            started[branch] = (time.perf_counter(), scale)
+
+        def post(module, args, kwargs, output, branch=branch, factors=part.factors):
+            _sync(device)
+            t0, scale = started.pop(branch)
+            key = f"{branch} {factors[scale]}x"
+            times[key] = times.get(key, 0.0) + time.perf_counter() - t0
+
+        handles.append(part.core.register_forward_pre_hook(pre, with_kwargs=True))
+        handles.append(part.core.register_forward_hook(post, with_kwargs=True))
+    try:
+        model.decode(model.encode(x).latent_dist.sample())
+    finally:
+        for handle in handles:
+            handle.remove()
+    total = sum(times.values())
+    return {k: v / total for k, v in times.items()}
+
+
+def profile_model(
+    name: str, device: str = "cpu", batch: int = 1, resolution: int = 256, dtype: str = "fp32", warmup: int = 2,
+    iters: int = 5, macs_only: bool = False,
+) -> dict[str, Any]:
+    """One ``profile.json`` row (see module docstring)."""
+    params, macs = count_model(name, resolution)
+    row: dict[str, Any] = {
+        "model": name, "params": params, "gmacs": macs / 1e9, "ms_per_image": None, "images_per_s": None,
+        "peak_mem_mib": None, "device": device, "dtype": dtype, "batch": batch, "resolution": resolution,
+    }
+    if macs_only:
+        return row
+    dev = torch.device(device)
+    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
+    torch.manual_seed(0)
+    model = create_model(name).to(dev).eval()
+    if torch_dtype != torch.float32:
+        model = model.to(torch_dtype)
+    x = (torch.rand(batch, 3, resolution, resolution, device=dev) * 2 - 1).to(torch_dtype)
+
+    def step() -> None:
+        model.decode(model.encode(x).latent_dist.sample())
+
+    with torch.no_grad():
+        for _ in range(warmup):
+            step()
+        _sync(dev)
+        with track_peak_memory(dev) as peak:
+            start = time.perf_counter()
+            for _ in range(iters):
+                step()
+            _sync(dev)
+            elapsed = time.perf_counter() - start
+    batch_ms = 1000 * elapsed / iters
+    row.update(ms_per_image=batch_ms / batch, images_per_s=batch * iters / elapsed,
+               peak_mem_mib=peak.absolute_peak_bytes / 2**20)
+    if isinstance(model, LoopVAE):
+        row["stage_share_measured"] = measured_stage_share(model, x)
+        row["stage_share_analytic"] = analytic_stage_share(model, resolution)
+    return row
+
+
+def render_markdown(rows: list[dict[str, Any]], reference: str | None = None) -> str:
+    """The paper's Table-5 layout plus ratios against ``reference`` (default: flux-vae when present)."""
+    fmt = lambda v, spec: "–" if v is None else format(v, spec)
+    r0 = rows[0]
+    lines = [
+        "# Runtime profile", "",
+        f"Device {r0['device']}, {r0['dtype']}, batch {r0['batch']}, {r0['resolution']}², encoder → posterior "
+        "sample → decoder. MACs counted at batch 1 (conv, linear, attention matmuls).", "",
+        "| model | params (M) | GMACs | ms / image | images / s | peak mem (MiB) |", "|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(f"| {r['model']} | {r['params'] / 1e6:.2f} | {r['gmacs']:.2f} | {fmt(r['ms_per_image'], '.2f')} | "
+                     f"{fmt(r['images_per_s'], '.2f')} | {fmt(r['peak_mem_mib'], '.0f')} |")
+    names = [r["model"] for r in rows]
+    reference = reference or ("flux-vae" if "flux-vae" in names else None)
+    if reference in names and len(rows) > 1:
+        ref = rows[names.index(reference)]
+        lines += ["", f"Ratios against `{reference}` (measured side by side in this run):", "",
+                  "| model | weights | MACs | time |", "|---|---:|---:|---:|"]
+        for r in rows:
+            if r is ref:
+                continue
+            t = (f"{r['ms_per_image'] / ref['ms_per_image']:.2f}×"
+                 if r["ms_per_image"] and ref["ms_per_image"] else "–")
+            ratio = r["params"] / ref["params"]
+            fewer = f"{100 * (1 - ratio):.0f}% fewer" if ratio < 1 else f"{100 * (ratio - 1):.0f}% more"
+            lines.append(f"| {r['model']} | {ratio:.2f}× ({fewer}) | {r['gmacs'] / ref['gmacs']:.2f}× | {t} |")
+    for r in rows:
+        if "stage_share_measured" in r:
+            lines += ["", f"Core time per stage, `{r['model']}` (measured vs analytic tokens × passes):", "",
+                      "| stage | measured | analytic |", "|---|---:|---:|"]
+            for key, share in r["stage_share_analytic"].items():
+                lines.append(f"| {key} | {100 * r['stage_share_measured'].get(key, 0.0):.1f}% | {100 * share:.1f}% |")
+    lines += ["", "![weights vs arithmetic](profile.png)", ""]
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    """Params vs time and params vs MACs (the weights-versus-arithmetic picture)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    timed = [r for r in rows if r["ms_per_image"] is not None]
+    fig, axes = plt.subplots(1, 2 if timed else 1, figsize=(10 if timed else 5, 4), squeeze=False)
+    ax = axes[0][0]
+    for r in rows:
+        ax.scatter(r["params"] / 1e6, r["gmacs"])
+        ax.annotate(r["model"], (r["params"] / 1e6, r["gmacs"]), fontsize=7)
+    ax.set(xlabel="parameters (M)", ylabel="GMACs / image", title="weights vs arithmetic")
+    if timed:
+        ax = axes[0][1]
+        for r in timed:
+            ax.scatter(r["params"] / 1e6, r["ms_per_image"])
+            ax.annotate(r["model"], (r["params"] / 1e6, r["ms_per_image"]), fontsize=7)
+        ax.set(xlabel="parameters (M)", ylabel="ms / image", title=f"weights vs time ({timed[0]['device']})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def profile(models: list[str], out_dir: str | Path, **kwargs: Any) -> list[dict[str, Any]]:
+    """Profile ``models`` side by side and write ``profile.json``, ``profile.md`` and ``profile.png``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = [profile_model(name, **kwargs) for name in models]
+    (out / "profile.json").write_text(json.dumps(rows, indent=2))
+    (out / "profile.md").write_text(render_markdown(rows))
+    plot(rows, out / "profile.png")
+    return rows

@@ -1,0 +1,30 @@
+"""Helpers shared by the test packages (importable as ``lv_testing``: pyproject puts ``tests/`` on the path;
+a top-level ``tests`` package installed by torch-fidelity shadows ``tests.*`` imports).
+"""
+
+from __future__ import annotations
+
+import torch
+
+import loopdata
+
+FAST = ["resolution=32", "batch_size=4", "progress_bar=false", "image_every=100"]
+
+
+def randomize_(module: torch.nn.Module, std: float = 0.05, seed: int = 0) -> torch.nn.Module:
+    """Overwrite every floating parameter of ``module`` with N(0, std^2) values (in place).
+
+    Blocks start as the exact identity (zero-initialised modulation), so identity tests on freshly
+    built modules would pass trivially; this gives every parameter a non-zero random value first.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            if p.is_floating_point():
+                p.copy_(torch.randn(p.shape, generator=gen) * std)
+    return module
+
+
+def data_urls(split: str = "train") -> str:
+    """Comma-separated paths of the bundled Kodak shards of ``split``."""
+    return ",".join(str(u) for u in loopdata.bundled_kodak_urls(split))
