@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup test test-slow lint demo bench clean
+.PHONY: setup test lint demo bench clean
 
 setup: $(STAMP)
 
@@ -22,9 +22,6 @@ test: setup
 # The main job: train, evaluate, intervene and profile the tiny LoopVAE on the bundled images.
 demo: setup
 	$(BIN)/loopvae demo --out runs/demo
-
-test-slow: setup
-	$(BIN)/python -m pytest -q -m slow $(PYTEST_ARGS)
 
 # Benchmarks write their tables to docs/; each records the command that produced it.
 bench: setup
