@@ -10,6 +10,7 @@ that is asserted at run time.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -53,22 +54,19 @@ def run_interventions(model: LoopVAE, images: torch.Tensor, batch_size: int = 8)
     """All interventions on ``images`` ``(N, 3, H, W)`` in [-1, 1]; returns the ``interventions.json`` dict."""
     enc, dec = model.encoder.core, model.decoder.core
     chunks = images.split(batch_size)
+    latents = [model.encode(x).latent_dist.mode() for x in chunks]  # decoder interventions reuse these
 
     def run(branch: str | None = None, hooks: lc.LoopHooks | None = None) -> torch.Tensor:
         core = {"encoder": enc, "decoder": dec}.get(branch)
-        outs = []
-        for x in chunks:
-            if core is None:
-                outs.append(model.decode(model.encode(x).latent_dist.mode()).sample.float())
-                continue
-            with core.use_hooks(hooks):
-                outs.append(model.decode(model.encode(x).latent_dist.mode()).sample.float())
-        return torch.cat(outs)
+        with core.use_hooks(hooks) if core is not None else contextlib.nullcontext():
+            if branch == "decoder":
+                return torch.cat([model.decode(z).sample.float() for z in latents])
+            return torch.cat([model.decode(model.encode(x).latent_dist.mode()).sample.float() for x in chunks])
 
     baseline = run()
     recorders = {"encoder": lc.LoopHooks(record=True), "decoder": lc.LoopHooks(record=True)}
     with enc.use_hooks(recorders["encoder"]), dec.use_hooks(recorders["decoder"]):
-        recorded = torch.cat([model.decode(model.encode(x).latent_dist.mode()).sample.float() for x in chunks])
+        recorded = run()
     if not torch.equal(recorded, baseline):
         raise RuntimeError("recording hooks changed the model output; hooks must be exact no-ops")
     names = _stage_names(model)
