@@ -66,7 +66,7 @@ class CheckpointManager:
     """Save, prune and load step checkpoints under ``directory``.
 
     Args:
-        directory: where ``step-XXXXXXXX`` folders live.
+        directory: where the ``step-<8-digit step>`` folders live.
         keep_last: how many complete checkpoints to keep (older ones are deleted after a save).
         is_main: only the main rank writes; every rank may load.
     """
