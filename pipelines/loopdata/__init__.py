@@ -16,7 +16,7 @@ from .decode import DecodeError, decode_image
 from .distributed import RankShare, eval_plan, train_steps_per_epoch
 from .loader import ShardLoader, make_loader
 from .shards import ShardReadError, expand_urls, shard_counts
-from .transforms import ClassificationOptions, ReconstructionOptions
+from .transforms import ClassificationOptions, ReconstructionOptions, make_options
 from .writer import WriteReport, write_shards
 
 __all__ = [
@@ -38,6 +38,7 @@ __all__ = [
     "expand_urls",
     "find_shared_data",
     "make_loader",
+    "make_options",
     "shard_counts",
     "train_steps_per_epoch",
     "write_shards",

@@ -72,3 +72,29 @@ def test_core_with_fusion_returns_weights_and_gets_router_gradients() -> None:
     plain = lc.LoopedCore(lc.block_factory("conv", 32, 32), 2, [1, 3], 32)
     plain.load_state_dict(last.state_dict())
     assert torch.equal(last(x, 1).output, plain(x, 1).output)
+
+
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_token_fusion_matches_a_per_step_reference(channels_last: bool) -> None:
+    """The batched implementation (one router GEMM over all steps) equals scoring every step on its own."""
+    fusion = randomize_(lc.SoftMoRFusion(16, 4, "token", channels_last), std=0.3)
+    xs = states(channels_last)
+    to_cl = (lambda h: h) if channels_last else (lambda h: h.movedim(1, -1))
+    logits = torch.stack([fusion.router(to_cl(h)).squeeze(-1) + fusion.step_bias[i] for i, h in enumerate(xs)], 1)
+    weights = logits.softmax(dim=1)
+    expected = sum(w.unsqueeze(-1) * to_cl(h) for w, h in zip(weights.unbind(1), xs))
+    out = fusion(xs)
+    torch.testing.assert_close(to_cl(out.fused), expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out.weights, weights, rtol=1e-5, atol=1e-6)
+
+
+def test_more_states_than_steps_need_extrapolate_and_reuse_the_last_step_bias() -> None:
+    fusion = lc.SoftMoRFusion(16, 2, "global")
+    with torch.no_grad():
+        fusion.step_logits.copy_(torch.tensor([0.0, 1.0]))
+    xs = states(True, r=4)
+    with pytest.raises(ValueError, match="extrapolate=True"):
+        fusion(xs)
+    weights = fusion(xs, extrapolate=True).weights[0, :, 0, 0]
+    expected = torch.tensor([0.0, 1.0, 1.0, 1.0]).softmax(0)
+    torch.testing.assert_close(weights, expected)

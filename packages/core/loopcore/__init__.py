@@ -3,7 +3,9 @@
 Main pieces: :class:`ScaleLoopEmbedding` (``c = e_s + e_t``), :class:`ModulatedBlock` (adaLN-Zero)
 with :class:`ConvOperator` or :class:`AttentionOperator`, :class:`LoopedCore` (K stored blocks,
 per-scale loops, sharing rules, gated injection, hooks, per-pass checkpointing),
-:class:`SoftMoRFusion` and the ODE steppers in :mod:`loopcore.ode`.
+:class:`SoftMoRFusion`, the ODE steppers in :mod:`loopcore.ode` and the pre-norm ViT block
+:class:`PreNormBlock` that the recursive classifiers reuse; plus the shared run infrastructure
+(config, distributed, checkpoints, EMA, schedules, logging, release artifacts).
 """
 
 from .attention import Attention, AttentionOperator, Mlp
@@ -14,14 +16,16 @@ from .hooks import LoopHooks, PassRecord, relative_update
 from .looped_core import SHARING_RULES, LoopedCore, StageOutput, stored_block_count
 from .modulation import ModulatedBlock, broadcast_modulation
 from .ode import SOLVERS, ODESolver, euler_step, heun_step, residual_field, rk4_step, supervised_steps
+from .prenorm import PreNormBlock, drop_path
 from .rope import apply_rope_2d, rope_2d_cos_sin
 from .softmor import FUSION_MODES, FusionOutput, SoftMoRFusion, fusion_entropy, router_parameter_count
 
 __all__ = [
     "FUSION_MODES", "SHARING_RULES", "SOLVERS",
     "Attention", "AttentionOperator", "ConvOperator", "FusionOutput", "LoopHooks", "LoopedCore", "Mlp",
-    "ModulatedBlock", "ODESolver", "PassRecord", "ScaleLoopEmbedding", "SoftMoRFusion", "StageOutput",
-    "apply_rope_2d", "attention_block", "block_factory", "broadcast_modulation", "conv_block", "euler_step",
+    "ModulatedBlock", "ODESolver", "PassRecord", "PreNormBlock", "ScaleLoopEmbedding", "SoftMoRFusion",
+    "StageOutput", "apply_rope_2d", "attention_block", "block_factory", "broadcast_modulation", "conv_block",
+    "drop_path", "euler_step",
     "fusion_entropy", "heun_step", "relative_update", "residual_field", "rk4_step", "rope_2d_cos_sin",
     "router_parameter_count", "stored_block_count", "supervised_steps",
 ]

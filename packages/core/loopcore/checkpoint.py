@@ -159,3 +159,30 @@ class CheckpointManager:
             except CorruptCheckpointError as err:
                 log.error("%s -- falling back to the previous checkpoint", err)
         return None
+
+
+def model_weights(loaded: LoadedCheckpoint, weights: str = "ema") -> dict[str, torch.Tensor]:
+    """The model state dict inside a training checkpoint: the EMA shadow (``ema``) or the raw ``model``.
+
+    Training checkpoints hold ``state["model"]`` and ``state["ema"]`` (an :class:`loopcore.ema.EMA` state,
+    whose model entries carry a ``module.`` prefix next to its update counter).
+    """
+    if weights not in ("ema", "model"):
+        raise ValueError(f"weights must be 'ema' or 'model', got {weights!r}")
+    if weights not in loaded.state:
+        raise KeyError(f"{loaded.path} holds no {weights!r} state (keys: {sorted(loaded.state)})")
+    state = loaded.state[weights]
+    if weights == "ema":
+        state = {k.removeprefix("module."): v for k, v in state.items() if k.startswith("module.")}
+    return state
+
+
+def load_run_checkpoint(run_dir: str | Path) -> tuple[LoadedCheckpoint, dict[str, str]]:
+    """The newest valid checkpoint of a training run directory and its files' sha256 sums
+    (``{"step-XXXXXXXX/<file>": digest}``); a clear error when there is none."""
+    directory = Path(run_dir) / "checkpoints"
+    loaded = CheckpointManager(directory).load_latest()
+    if loaded is None:
+        raise FileNotFoundError(f"no valid checkpoint under {directory} (none written, or all failed verification)")
+    digests = {f"{loaded.path.name}/{k}": v for k, v in loaded.metadata.get("files", {}).items()}
+    return loaded, digests

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import sys
 import time
 from pathlib import Path
 
@@ -44,14 +46,17 @@ class RunLogger:
         if self.bar is not None:
             self.bar.update(1)
 
-    def scalars(self, step: int, values: dict[str, float], prefix: str = "train") -> None:
+    def scalars(self, step: int, values: dict[str, float], prefix: str = "train", throughput: bool = True) -> None:
+        """Log ``values`` under ``prefix/``; with ``throughput`` also the images/s since the last call."""
         if not self.enabled:
+            return
+        for key, value in values.items():
+            self.writer.add_scalar(f"{prefix}/{key}", value, step)
+        if not throughput:
             return
         now = time.perf_counter()
         rate = self._images / max(now - self._last_time, 1e-9)
         self._last_time, self._images = now, 0
-        for key, value in values.items():
-            self.writer.add_scalar(f"{prefix}/{key}", value, step)
         self.writer.add_scalar(f"{prefix}/images_per_s", rate, step)
         if self.bar is not None:
             shown = {k: f"{v:.4g}" for k, v in list(values.items())[:4]}
@@ -72,3 +77,25 @@ class RunLogger:
         if self.writer is not None:
             self.writer.flush()
             self.writer.close()
+
+
+def setup_run_logging(name: str, run_dir: Path, is_main: bool, rank: int) -> None:
+    """Send the ``name`` logger (and ``loopcore``'s) to stderr, and on the main rank to ``run_dir/train.log``.
+
+    Idempotent: handlers installed by an earlier call (an earlier run in the same process) are replaced.
+    """
+    root = logging.getLogger(name)
+    root.setLevel(logging.INFO)
+    for logger in (root, logging.getLogger("loopcore")):
+        for handler in list(logger.handlers):
+            if getattr(handler, "_loopvision", False):
+                logger.removeHandler(handler)
+    fmt = logging.Formatter(f"%(asctime)s [rank {rank}] %(levelname)s %(message)s")
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if is_main:
+        handlers.append(logging.FileHandler(Path(run_dir) / "train.log"))
+    for handler in handlers:
+        handler.setFormatter(fmt)
+        handler._loopvision = True  # type: ignore[attr-defined]
+        root.addHandler(handler)
+    logging.getLogger("loopcore").addHandler(handlers[0])

@@ -70,16 +70,23 @@ class SoftMoRFusion(nn.Module):
             nn.init.zeros_(self.router[-1].weight)
             nn.init.zeros_(self.router[-1].bias)
 
-    def _token_scores(self, h: torch.Tensor) -> torch.Tensor:
-        # (B, C, H, W) -> router on channels-last pixels -> (B, H, W)
-        x = h if self.channels_last else h.movedim(1, -1)
-        return self.router(x).squeeze(-1)
+    def step_index(self, r: int) -> list[int]:
+        """Per-step parameter index for ``r`` states: ``0..r-1``, steps beyond ``R`` reuse step ``R - 1``."""
+        return [min(i, self.steps - 1) for i in range(r)]
 
-    def forward(self, states: list[torch.Tensor] | tuple[torch.Tensor, ...]) -> FusionOutput:
-        """Fuse ``states`` (``r <= steps`` tensors of identical shape, oldest first)."""
+    def forward(
+        self, states: list[torch.Tensor] | tuple[torch.Tensor, ...], extrapolate: bool = False
+    ) -> FusionOutput:
+        """Fuse ``states`` (tensors of identical shape, oldest first).
+
+        ``r = len(states)`` must be in ``1..steps``; with ``extrapolate`` (evaluation beyond the training
+        horizon) more states are allowed and steps past ``R`` share the last step's bias / logit.
+        """
         r = len(states)
-        if not 1 <= r <= self.steps:
-            raise ValueError(f"SoftMoR got {r} states, configured for 1..{self.steps}")
+        if r < 1 or (r > self.steps and not extrapolate):
+            raise ValueError(
+                f"SoftMoR got {r} states, configured for 1..{self.steps}; pass extrapolate=True to fuse more"
+            )
         ref = states[-1]
         b = ref.shape[0]
         token_dims = ref.shape[1:-1] if self.channels_last else ref.shape[2:]
@@ -87,19 +94,19 @@ class SoftMoRFusion(nn.Module):
             weights = torch.zeros(b, r, *token_dims, device=ref.device, dtype=ref.dtype)
             weights[:, -1] = 1
             return FusionOutput(ref, weights)
+        # One (B, *tokens, R, C) stack serves the router (a single GEMM over every step) and the weighted sum.
+        stacked = torch.stack([h if self.channels_last else h.movedim(1, -1) for h in states], dim=-2)
         if self.mode == "mean":
-            logits = torch.zeros(b, r, *token_dims, device=ref.device, dtype=torch.float32)
+            logits = torch.zeros(stacked.shape[:-1], device=ref.device, dtype=torch.float32)
         elif self.mode == "global":
-            logits = self.step_logits[:r].float().reshape(1, r, *([1] * len(token_dims)))
-            logits = logits.expand(b, r, *token_dims)
+            logits = self.step_logits[self.step_index(r)].float().expand(stacked.shape[:-1])
         else:
-            logits = torch.stack([self._token_scores(h).float() for h in states], dim=1)
-            logits = logits + self.step_bias[:r].float().reshape(1, r, *([1] * len(token_dims)))
-        weights = logits.softmax(dim=1).to(ref.dtype)
-        # weights (B, R, *tokens) -> broadcast against (B, R, *state) with the channel axis in place
-        w = weights.unsqueeze(-1) if self.channels_last else weights.unsqueeze(2)
-        fused = (torch.stack(list(states), dim=1) * w).sum(dim=1)
-        return FusionOutput(fused, weights)
+            logits = self.router(stacked).squeeze(-1).float() + self.step_bias[self.step_index(r)].float()
+        weights = logits.softmax(dim=-1).to(ref.dtype)  # (B, *tokens, R)
+        fused = (stacked * weights.unsqueeze(-1)).sum(dim=-2)
+        if not self.channels_last:
+            fused = fused.movedim(-1, 1)
+        return FusionOutput(fused, weights.movedim(-1, 1))
 
 
 def fusion_entropy(weights: torch.Tensor) -> torch.Tensor:

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from diffusers import AutoencoderKL
 
-from loopcore.checkpoint import CheckpointManager, sha256_file
+from loopcore.checkpoint import CheckpointManager, load_run_checkpoint, model_weights, sha256_file
 
 from .model import LoopVAE
 from .registry import create_model
@@ -62,20 +62,14 @@ def load_tokenizer(path: str | Path, weights: str = "ema") -> LoadedTokenizer:
         from .train_config import load_train_config
 
         config = load_train_config(str(path / "config.yaml"))
-        loaded = manager.load_latest()
-        if loaded is None:
-            raise FileNotFoundError(f"no valid checkpoint under {path / 'checkpoints'} (all failed verification)")
+        loaded, digests = load_run_checkpoint(path)
         if config.init_from:
-            from .release import resolve_artifact
+            from loopcore.release import resolve_artifact
 
             model = LoopVAE.from_config(LoopVAE.load_config(resolve_artifact(config.init_from)))
         else:
             model = create_model(config.model, **config.model_overrides)
-        state = loaded.state["ema"] if weights == "ema" else loaded.state["model"]
-        if weights == "ema":
-            state = {k.removeprefix("module."): v for k, v in state.items() if k.startswith("module.")}
-        model.load_state_dict(state)
-        digests = {f"{loaded.path.name}/{k}": v for k, v in loaded.metadata.get("files", {}).items()}
+        model.load_state_dict(model_weights(loaded, weights))
         return LoadedTokenizer(model.eval(), str(loaded.path), "run-checkpoint", digests, loaded.step)
     raise FileNotFoundError(
         f"{path} is not a release artifact, a diffusers VAE folder, or a training run directory with checkpoints"

@@ -16,10 +16,8 @@ The public surface is diffusers' ``AutoencoderKL``: ``encode`` -> ``AutoencoderK
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from diffusers.configuration_utils import ConfigMixin, register_to_config
@@ -29,6 +27,7 @@ from diffusers.models.modeling_utils import ModelMixin
 from torch import nn
 
 import loopcore as lc
+from loopcore.release import ReleaseLoadingMixin
 
 from .layers import Downsample, LatentProjection, OutputHead, PosteriorHead, Stem, Upsample
 from .tiling import tiled_apply
@@ -140,7 +139,7 @@ class LoopDecoder(nn.Module):
         return DecoderPasses(sample, passes)
 
 
-class LoopVAE(ModelMixin, AutoencoderMixin, ConfigMixin):
+class LoopVAE(ReleaseLoadingMixin, ModelMixin, AutoencoderMixin, ConfigMixin):
     r"""Recurrent KL-VAE with weight-shared, loop-conditioned cores (see module docstring).
 
     Args:
@@ -230,45 +229,6 @@ class LoopVAE(ModelMixin, AutoencoderMixin, ConfigMixin):
         self.use_slicing = False
         self.use_tiling = False
         self.tile_sample_size = sample_size
-
-    @classmethod
-    def from_pretrained(cls, *args, **kwargs) -> LoopVAE:
-        """Load a diffusers folder (``save_pretrained``) or a ``loopvae`` release artifact
-        (``config.json`` + ``model.safetensors``), then copy every tensor into fresh memory.
-
-        safetensors hands out views into the file at arbitrary byte offsets; CPU kernels take other
-        SIMD paths on unaligned weights and round differently (~1e-7). Copying makes a loaded model
-        compute bit-identically to the one that was saved and releases the file mapping.
-        """
-        source = Path(args[0]) if args else None
-        if source is not None and (source / "model.safetensors").is_file() and not any(
-            (source / name).is_file() for name in ("diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.bin")
-        ):
-            model = cls._from_release(source, kwargs.get("torch_dtype"))
-        else:
-            if importlib.util.find_spec("accelerate") is None:
-                kwargs.setdefault("low_cpu_mem_usage", False)  # diffusers would warn and fall back anyway
-            model = super().from_pretrained(*args, **kwargs)
-        with torch.no_grad():
-            for tensor in list(model.parameters()) + list(model.buffers()):
-                tensor.data = tensor.data.clone()
-        return model
-
-    @classmethod
-    def _from_release(cls, path: Path, torch_dtype: torch.dtype | None) -> LoopVAE:
-        """Load a ``loopvae`` release artifact (``config.json`` + ``model.safetensors``)."""
-        from safetensors.torch import load_file
-
-        model = cls.from_config(cls.load_config(path))
-        missing, unexpected = model.load_state_dict(load_file(path / "model.safetensors"), strict=False)
-        if missing or unexpected:
-            raise ValueError(
-                f"{path / 'model.safetensors'} does not match its config.json: missing {missing[:5]}, "
-                f"unexpected {unexpected[:5]}"
-            )
-        if torch_dtype is not None:
-            model = model.to(torch_dtype)
-        return model.eval()
 
     # -- helpers ---------------------------------------------------------------------------------
     @property

@@ -8,11 +8,7 @@ which is everything needed for a resumed run to end with the weights of an unint
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import sys
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,20 +19,12 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import loopdata
-from loopcore.checkpoint import CheckpointManager
-from loopcore.config import save_config
-from loopcore.distributed import (
-    DistributedContext,
-    any_rank,
-    average_gradients,
-    gather_objects,
-    init_distributed,
-    mean_across_ranks,
-)
+from loopcore.distributed import average_gradients
 from loopcore.ema import EMA
+from loopcore.release import resolve_artifact
 from loopcore.run_logger import RunLogger
 from loopcore.schedule import make_scheduler
-from loopcore.signals import StopSignal
+from loopcore.training_loop import NonFiniteLossError, TrainingLoop, TrainResult
 
 from .diffaugment import diff_augment
 from .discriminators import build_discriminator, r1_penalty
@@ -44,25 +32,11 @@ from .losses import LossWeights, ReconstructionObjective, hinge_d_loss, noisy_po
 from .model import LoopVAE
 from .perceptual import PerceptualLoss
 from .registry import create_model
-from .release import resolve_artifact, save_release
 from .train_config import TrainConfig
 
 log = logging.getLogger("loopvae.train")
 
-
-class NonFiniteLossError(RuntimeError):
-    """The loss became NaN/Inf; the run stopped without writing a checkpoint."""
-
-
-@dataclass
-class TrainResult:
-    run_dir: Path
-    step: int
-    stopped_by: str | None
-    release_dir: Path | None
-    last_logs: dict[str, float]
-    history: list[dict[str, float]]  # this rank's per-step logs (``step`` included)
-    resumed_from: Path | None = None
+__all__ = ["NonFiniteLossError", "ReconstructionStep", "TrainResult", "Trainer", "build_vae", "train"]
 
 
 class ReconstructionStep(nn.Module):
@@ -86,12 +60,6 @@ class ReconstructionStep(nn.Module):
         return self.vae.decode(z).sample, posterior.parameters, []
 
 
-def seed_step(seed: int, rank: int, step: int) -> None:
-    """Reseed the global RNG from ``(seed, rank, step)`` (see module docstring)."""
-    digest = hashlib.sha256(f"{seed}/{rank}/{step}".encode()).digest()
-    torch.manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
-
-
 def build_vae(config: TrainConfig) -> LoopVAE:
     """The model to train: the registered architecture, or the ``init_from`` artifact (stage 2)."""
     if config.init_from:
@@ -105,42 +73,11 @@ def build_vae(config: TrainConfig) -> LoopVAE:
     return model
 
 
-def _weights_digest(model: nn.Module) -> str:
-    digest = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
-        digest.update(name.encode())
-        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
-
-
-def _setup_logging(run_dir: Path, ctx: DistributedContext) -> None:
-    root = logging.getLogger("loopvae")
-    root.setLevel(logging.INFO)
-    for handler in list(root.handlers):
-        if getattr(handler, "_loopvae", False):
-            root.removeHandler(handler)
-    fmt = logging.Formatter(f"%(asctime)s [rank {ctx.rank}] %(levelname)s %(message)s")
-    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
-    if ctx.is_main:
-        handlers.append(logging.FileHandler(run_dir / "train.log"))
-    for handler in handlers:
-        handler.setFormatter(fmt)
-        handler._loopvae = True  # type: ignore[attr-defined]
-        root.addHandler(handler)
-    logging.getLogger("loopcore").addHandler(handlers[0])
-
-
-class Trainer:
-    """Owns every piece of training state; :meth:`run` executes the loop."""
+class Trainer(TrainingLoop):
+    """Owns every piece of training state; :meth:`run` runs :class:`loopcore.training_loop.TrainingLoop`."""
 
     def __init__(self, config: TrainConfig, data: str | list[str], out_dir: str | Path) -> None:
-        self.config = config.validate()
-        self.ctx = init_distributed(config.device)
-        self.run_dir = Path(out_dir)
-        if self.ctx.is_main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            save_config(config, self.run_dir / "config.yaml")
-        _setup_logging(self.run_dir if self.ctx.is_main else Path("."), self.ctx)
+        super().__init__(config.validate(), out_dir, "loopvae")
         dev = self.ctx.device
         self.autocast = dev.type == "cuda" and config.precision == "bf16"
 
@@ -181,50 +118,39 @@ class Trainer:
             resolution=config.resolution, rank=self.ctx.rank, world_size=self.ctx.world_size, seed=config.seed,
             scale=tuple(config.scale_jitter), hflip=config.hflip,
         )
-        self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", config.keep_checkpoints, self.ctx.is_main)
-        self.step = 0
         self.d_steps = 0
-        self.resumed_from: Path | None = None
-        self._resume()
+        self._last_batch: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.resume()
 
     # -- state ---------------------------------------------------------------------------------
-    def state(self) -> dict[str, Any]:
+    def model_state(self) -> dict[str, Any]:
         state = {
             "model": self.vae.state_dict(),
             "ema": self.ema.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
-            "trainer": {"step": self.step, "d_steps": self.d_steps, "data": self.loader.state_dict()},
         }
         if self.disc is not None:
             state["discriminator"] = {k: v for k, v in self.disc.state_dict().items()}
             state["d_optimizer"] = self.d_optimizer.state_dict()
         return state
 
-    def _resume(self) -> None:
-        loaded = self.checkpoints.load_latest(map_location=self.ctx.device)
-        if loaded is None:
-            return
-        s = loaded.state
+    def load_model_state(self, s: dict[str, Any]) -> None:
         self.vae.load_state_dict(s["model"])
         self.ema.load_state_dict(s["ema"])
         self.optimizer.load_state_dict(s["optimizer"])
         self.scheduler.load_state_dict(s["scheduler"])
         if self.disc is not None:
             if "discriminator" not in s:
-                raise RuntimeError(f"{loaded.path} has no discriminator state but this is a stage-2 run")
+                raise RuntimeError("the checkpoint has no discriminator state but this is a stage-2 run")
             self.disc.load_state_dict(s["discriminator"])
             self.d_optimizer.load_state_dict(s["d_optimizer"])
-        self.step = int(s["trainer"]["step"])
-        self.d_steps = int(s["trainer"]["d_steps"])
-        self.loader.load_state_dict(s["trainer"]["data"])
-        self.resumed_from = loaded.path
-        log.info("resumed from %s at step %d", loaded.path, self.step)
 
-    def save(self, reason: str) -> None:
-        path = self.checkpoints.save(self.step, self.state(), {"reason": reason, "config": asdict(self.config)})
-        if path is not None:
-            log.info("checkpoint %s (%s)", path, reason)
+    def counters(self) -> dict[str, Any]:
+        return {"d_steps": self.d_steps}
+
+    def load_counters(self, trainer_state: dict[str, Any]) -> None:
+        self.d_steps = int(trainer_state["d_steps"])
 
     # -- steps ---------------------------------------------------------------------------------
     def _autocast(self):
@@ -244,13 +170,7 @@ class Trainer:
             x, recon, posterior, self.step, fake_logits=fake_logits, last_layer=self.vae.get_last_layer(),
             pass_recons=passes,
         )
-        if any_rank(not bool(torch.isfinite(terms.total)), self.ctx):
-            last = self.checkpoints.list_checkpoints()
-            raise NonFiniteLossError(
-                f"non-finite loss at step {self.step} ({terms.logs}); stopped without saving. The last good "
-                f"checkpoint {last[-1] if last else '(none yet)'} is untouched: lower lr, check the data, or "
-                "resume from it"
-            )
+        self.check_finite(terms.total, detail=str(terms.logs))
         self.optimizer.zero_grad(set_to_none=True)
         terms.total.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.vae.parameters(), cfg.grad_clip)
@@ -278,10 +198,7 @@ class Trainer:
             # lazy regularisation: apply every r1_every steps, scaled up by r1_every
             total = total + 0.5 * cfg.r1_gamma * cfg.r1_every * r1
             logs["r1"] = float(r1.detach())
-        if any_rank(not bool(torch.isfinite(total)), self.ctx):
-            raise NonFiniteLossError(
-                f"non-finite discriminator loss at step {self.step} ({logs}); stopped without saving"
-            )
+        self.check_finite(total, "discriminator loss", detail=str(logs))
         self.d_optimizer.zero_grad(set_to_none=True)
         total.backward()
         average_gradients(self.d_params, self.ctx)
@@ -291,81 +208,35 @@ class Trainer:
         return logs
 
     # -- loop ----------------------------------------------------------------------------------
+    def train_step(self, batch: dict[str, Any]) -> dict[str, float]:
+        self.vae.train()
+        x = batch["image"].to(self.ctx.device, non_blocking=True).contiguous(memory_format=self.memory_format)
+        logs, recon = self.generator_step(x)
+        if self.disc is not None and self.step >= self.config.disc_start_step:
+            logs.update(self.discriminator_step(x, recon))
+        self._last_batch = (x, recon)
+        return logs
+
+    def after_step(self, batch: dict[str, Any], logger: RunLogger) -> None:
+        cfg = self.config
+        if self.ctx.is_main and (self.step % cfg.image_every == 0 or self.step == cfg.max_steps):
+            x, recon = self._last_batch
+            grid = torchvision.utils.make_grid(
+                torch.cat([x[:4], recon[:4]]).float().add(1).div(2).cpu(), nrow=min(4, x.shape[0])
+            )
+            logger.images(self.step, "reconstruction/top_input_bottom_output", grid)
+
     def run(self) -> TrainResult:
-        cfg, ctx = self.config, self.ctx
-        logger = RunLogger(self.run_dir, cfg.max_steps, self.step, ctx.is_main, cfg.progress_bar)
+        cfg = self.config
         log.info(
             "training %s stage %d on %d rank(s), %d batches/epoch/rank, from step %d to %d",
-            cfg.model, cfg.stage, ctx.world_size, len(self.loader), self.step, cfg.max_steps,
+            cfg.model, cfg.stage, self.ctx.world_size, len(self.loader), self.step, cfg.max_steps,
         )
-        logs: dict[str, float] = {}
-        history: list[dict[str, float]] = []
-        stopped_by = None
-        batches = iter(self.loader)
-        try:
-            with StopSignal() as stop:
-                while self.step < cfg.max_steps:
-                    try:
-                        batch = next(batches)
-                    except StopIteration:
-                        self.loader.set_epoch(self.loader.epoch + 1)
-                        batches = iter(self.loader)
-                        continue
-                    seed_step(cfg.seed, ctx.rank, self.step)
-                    self.vae.train()
-                    x = batch["image"].to(ctx.device, non_blocking=True).contiguous(memory_format=self.memory_format)
-                    logs, recon = self.generator_step(x)
-                    if self.disc is not None and self.step >= cfg.disc_start_step:
-                        logs.update(self.discriminator_step(x, recon))
-                    self.step += 1
-                    history.append({"step": self.step, **logs})
-                    logger.step(x.shape[0] * ctx.world_size)
-                    if self.step % cfg.log_every == 0 or self.step == cfg.max_steps:
-                        logs = mean_across_ranks(logs, ctx)
-                        logger.scalars(self.step, logs)
-                    if ctx.is_main and (self.step % cfg.image_every == 0 or self.step == cfg.max_steps):
-                        grid = torchvision.utils.make_grid(
-                            torch.cat([x[:4], recon[:4]]).float().add(1).div(2).cpu(), nrow=min(4, x.shape[0])
-                        )
-                        logger.images(self.step, "reconstruction/top_input_bottom_output", grid)
-                    stop_now = any_rank(stop.requested is not None, ctx)
-                    if stop_now or self.step % cfg.checkpoint_every == 0 or self.step == cfg.max_steps:
-                        self.save("signal" if stop_now else "periodic")
-                    if stop_now:
-                        stopped_by = stop.requested or "signal on another rank"
-                        log.info("stopping at step %d on %s", self.step, stopped_by)
-                        break
-        finally:
-            logger.close()
-        release = self.finish(stopped_by, logs)
-        return TrainResult(self.run_dir, self.step, stopped_by, release, logs, history, self.resumed_from)
-
-    def finish(self, stopped_by: str | None, logs: dict[str, float]) -> Path | None:
-        """Cross-rank weight check, run summary and (when complete) the EMA release artifact."""
-        ctx = self.ctx
-        digests = gather_objects(_weights_digest(self.vae), ctx)
-        ranks = gather_objects(
-            {"rank": ctx.rank, "batches_per_epoch": len(self.loader), "samples_per_epoch": self.loader.num_samples,
-             "corrupt_samples": self.loader.corrupt_count}, ctx,
+        outcome = self.loop()
+        release = self.finish_run(
+            self.vae, self.ema.module, {"stage": cfg.stage, "weights": "ema"}, outcome, {"max_steps": cfg.max_steps}
         )
-        if len(set(digests)) != 1:
-            raise RuntimeError(f"ranks hold different weights after training: {digests}")
-        release = None
-        if ctx.is_main:
-            if stopped_by is None:
-                release = save_release(
-                    self.ema.module, self.run_dir / "release",
-                    {"step": self.step, "stage": self.config.stage, "weights": "ema", "run_dir": str(self.run_dir)},
-                )
-                log.info("release artifact (EMA weights) in %s", release)
-            summary = {
-                "step": self.step, "max_steps": self.config.max_steps, "stopped_by": stopped_by,
-                "resumed_from": str(self.resumed_from) if self.resumed_from else None,
-                "world_size": ctx.world_size, "weights_sha256_per_rank": digests, "ranks": ranks,
-                "last_logs": logs, "release": str(release) if release else None,
-            }
-            (self.run_dir / "train_summary.json").write_text(json.dumps(summary, indent=2))
-        return release
+        return self.result(outcome, release)
 
 
 def train(config: TrainConfig, data: str | list[str], out_dir: str | Path) -> TrainResult:
