@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup test lint demo bench clean
+.PHONY: setup test lint demo bench study clean
 
 setup: $(STAMP)
 
@@ -27,6 +27,11 @@ demo: setup
 bench: setup
 	$(BIN)/python benchmarks/bench_data.py --out docs/benchmarks.md
 	$(BIN)/python benchmarks/bench_vae.py --out docs/benchmarks.md
+	$(BIN)/python benchmarks/bench_srvit.py --out docs/benchmarks.md
+
+# The recurrence study on the shared CIFAR-10 shards (about 40 minutes on 2 CPU cores) -> docs/study_recursion.md.
+study: setup
+	$(BIN)/python benchmarks/study_recursion.py --out docs/study_recursion.md
 
 lint: setup
 	$(BIN)/ruff check packages pipelines tests benchmarks

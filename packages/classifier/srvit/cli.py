@@ -1,0 +1,112 @@
+"""``srvit`` command line: ``srvit train`` and ``srvit eval`` (also ``python -m srvit``, ``torchrun -m srvit``)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from loopcore.config import ConfigError
+
+
+def _add_train(sub: argparse._SubParsersAction) -> None:
+    from .train_config import list_presets
+
+    p = sub.add_parser(
+        "train", help="train a ViT / bViT / SR-ViT classifier; rerunning the same command resumes",
+        description=f"Train a classifier. Presets: {', '.join(list_presets())}.",
+    )
+    p.add_argument("--config", required=True, help="preset name or YAML file")
+    p.add_argument("--data", required=True, help="training shards: brace pattern, glob, directory or comma list")
+    p.add_argument("--val-data", default=None, help="validation shards (checked every eval_every steps and at the end)")
+    p.add_argument("--out", required=True, help="run directory (config.yaml, checkpoints/, tb/, release/, train.log)")
+    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override config keys")
+
+
+def _train(args: argparse.Namespace) -> int:
+    from .train_config import load_train_config
+    from .trainer import NonFiniteLossError, train
+
+    config = load_train_config(args.config, args.set)
+    try:
+        result = train(config, args.data, args.out, args.val_data)
+    except NonFiniteLossError as err:
+        print(f"srvit train: {err}", file=sys.stderr)
+        return 3
+    finally:
+        from loopcore.distributed import shutdown_distributed
+
+        shutdown_distributed()
+    if result.stopped_by:
+        print(f"stopped at step {result.step} ({result.stopped_by}); rerun the same command to resume")
+        return 0
+    line = f"finished at step {result.step}; release artifact: {result.release_dir}"
+    if result.validation:
+        v = result.validation[-1]
+        line += f"; validation top-1 {100 * v['top1']:.2f}% on {v['num_images']} images"
+    print(line)
+    return 0
+
+
+def _steps(text: str) -> tuple[int, ...]:
+    try:
+        steps = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--steps needs comma-separated integers, got {text!r}") from None
+    if any(n < 1 for n in steps):
+        raise argparse.ArgumentTypeError(f"--steps entries must be >= 1, got {text!r}")
+    return steps
+
+
+def _add_eval(sub: argparse._SubParsersAction) -> None:
+    from .evaluate import DEFAULT_STEPS
+
+    p = sub.add_parser("eval", help="top-1 / top-5, and top-1 vs the number of recursion steps")
+    p.add_argument("--checkpoint", required=True, help="training run directory or release artifact")
+    p.add_argument("--data", required=True, help="labelled WebDataset shards")
+    p.add_argument("--out", required=True, help="output directory (metrics.json, accuracy_vs_steps.png)")
+    p.add_argument("--steps", type=_steps, default=DEFAULT_STEPS,
+                   help="step counts for by_steps (default 3,6,12,24,48; '' to skip)")
+    p.add_argument("--weights", choices=("ema", "model"), default="ema", help="for run directories")
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--num-workers", type=int, default=2)
+    p.add_argument("--resolution", type=int, default=None, help="default: the model's img_size")
+    p.add_argument("--protocol", choices=("imagenet", "cifar"), default=None,
+                   help="eval transform (default: the training run's protocol, else imagenet)")
+    p.add_argument("--limit", type=int, default=None, help="evaluate at most N images per rank")
+    p.add_argument("--device", default="auto")
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from .evaluate import EvalOptions, evaluate
+
+    options = EvalOptions(
+        steps=args.steps, batch_size=args.batch_size, num_workers=args.num_workers, resolution=args.resolution,
+        protocol=args.protocol, limit=args.limit, weights=args.weights, device=args.device,
+    )
+    try:
+        metrics = evaluate(args.checkpoint, args.data, args.out, options)
+    finally:
+        from loopcore.distributed import shutdown_distributed
+
+        shutdown_distributed()
+    by_steps = ", ".join(f"{k}: {100 * v:.2f}%" for k, v in metrics["by_steps"].items())
+    print(f"{metrics['num_images']} images: top-1 {100 * metrics['top1']:.2f}%, top-5 {100 * metrics['top5']:.2f}%"
+          + (f"; top-1 by steps {{{by_steps}}}" if by_steps else "") + f" -> {args.out}/metrics.json")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="srvit", description="Recursive ViT classifiers (ViT, bViT, SR-ViT).")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_train(sub)
+    _add_eval(sub)
+    args = parser.parse_args(argv)
+    try:
+        return {"train": _train, "eval": _eval}[args.command](args)
+    except (ConfigError, FileNotFoundError, ValueError, KeyError) as err:
+        print(f"srvit {args.command}: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

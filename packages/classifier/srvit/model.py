@@ -1,0 +1,282 @@
+"""Recursive ViT classifiers: the DeiT baseline, bViT and SR-ViT as one module, :class:`RecursiveViT`.
+
+The trunk has ``depth`` stored pre-norm blocks (:class:`loopcore.PreNormBlock`); block ``j`` is applied
+``recursion`` times in place, each application being one step of an explicit ODE solver on the
+residual field ``v(z) = B_j(z) - z`` (:class:`loopcore.ODESolver`; Euler with ``h = 1`` is plain
+recursion ``z <- B_j(z)``, bit for bit). The ``recursion`` step outputs of a block are fused by
+:class:`loopcore.SoftMoRFusion` (per block, so a token router costs ``d^2 + 4d + 1 + R`` per block).
+
+* ``vit``:   depth 12, recursion 1 (a DeiT ViT; no fusion parameters exist at ``R = 1``).
+* ``bvit``:  depth 1, recursion ``T`` (= ``steps``), fusion ``last``: one block applied ``T`` times,
+  no step conditioning (``loop_embedding=True`` adds a learned, zero-initialised step embedding to the
+  input of every application).
+* ``srvit``: depth 12, recursion ``R``, fusion ``token`` (SoftMoR).
+
+**Steps and deep supervision.** The *trajectory* is the sequence of states the classifier head can
+read: the output of every application of the shared block for a single-block model (bViT; the last
+entry is the fused output when it fuses), and the (fused) output of every block for deeper models.
+``deep_supervision_every = k`` puts the shared head (final norm, class token, linear) on every ``k``-th
+trajectory state and the last (:func:`loopcore.supervised_steps`). At inference ``steps=n`` runs every
+block ``n`` times instead of ``recursion`` (beyond the training horizon when ``n > recursion``), with the
+same weights.
+
+Images are ``(B, 3, H, W)`` normalised with the dataset mean/std; logits are ``(B, num_classes)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from diffusers.configuration_utils import ConfigMixin, register_to_config
+from diffusers.models.modeling_utils import ModelMixin
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+import loopcore as lc
+from loopcore.release import ReleaseLoadingMixin
+
+
+class PatchEmbed(nn.Module):
+    """Non-overlapping ``p x p`` patches -> tokens: ``(B, 3, H, W)`` -> ``(B, (H/p)(W/p), d)``."""
+
+    def __init__(self, img_size: int, patch_size: int, in_channels: int, dim: int) -> None:
+        super().__init__()
+        if img_size % patch_size:
+            raise ValueError(f"img_size={img_size} is not a multiple of patch_size={patch_size}")
+        self.img_size = img_size
+        self.patch_size = patch_size
+        self.num_patches = (img_size // patch_size) ** 2
+        self.proj = nn.Conv2d(in_channels, dim, patch_size, stride=patch_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-2:] != (self.img_size, self.img_size):
+            raise ValueError(
+                f"expected {self.img_size}x{self.img_size} images, got {tuple(x.shape[-2:])}; "
+                "build the model with img_size=... to match the data"
+            )
+        return self.proj(x).flatten(2).transpose(1, 2)
+
+
+@dataclass
+class RecursionTrace:
+    """What one forward produced besides the logits.
+
+    ``trajectory``: the states the head can read, ``(B, 1 + N, d)`` each (see module docstring);
+    ``step_states``: per block, its ``n`` step outputs (only when requested);
+    ``fusion_weights``: per block, ``(B, n, 1 + N)`` SoftMoR weights (``None`` without fusion).
+    """
+
+    trajectory: list[torch.Tensor]
+    step_states: list[list[torch.Tensor]] | None
+    fusion_weights: list[torch.Tensor | None]
+
+
+FAMILIES = ("vit", "bvit", "srvit")
+
+
+class RecursiveViT(ReleaseLoadingMixin, ModelMixin, ConfigMixin):
+    """ViT / bViT / SR-ViT classifier (see module docstring).
+
+    Args:
+        img_size, patch_size, in_channels: input geometry (square images).
+        num_classes: classifier outputs.
+        embed_dim, depth, num_heads, mlp_ratio, qkv_bias: the stored blocks.
+        recursion: applications of each block (``R`` for SR-ViT, ``T`` for bViT, 1 for ViT).
+        fusion: SoftMoR mode fusing each block's step outputs: ``last`` | ``mean`` | ``global`` | ``token``.
+        solver, step_size: ODE stepper over ``v(z) = B(z) - z`` (``euler`` | ``heun`` | ``rk4``; ``blackbox``
+            = Euler on ``z' = B(z)``) and its step ``h``.
+        loop_embedding: add a learned per-step embedding to every application's input (bViT option).
+        drop_path_rate: stochastic depth, rising linearly over the ``depth * recursion`` applications.
+        deep_supervision_every: ``k > 0`` supervises every k-th trajectory state (training only).
+        family: ``vit`` | ``bvit`` | ``srvit`` (bookkeeping for reports; the config above is the architecture).
+    """
+
+    _supports_gradient_checkpointing = True
+
+    @register_to_config
+    def __init__(
+        self,
+        img_size: int = 224,
+        patch_size: int = 16,
+        in_channels: int = 3,
+        num_classes: int = 1000,
+        embed_dim: int = 384,
+        depth: int = 12,
+        num_heads: int = 6,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        recursion: int = 1,
+        fusion: str = "token",
+        solver: str = "euler",
+        step_size: float = 1.0,
+        loop_embedding: bool = False,
+        drop_path_rate: float = 0.0,
+        deep_supervision_every: int = 0,
+        family: str = "srvit",
+    ) -> None:
+        super().__init__()
+        if depth < 1 or recursion < 1:
+            raise ValueError(f"depth and recursion must be >= 1, got depth={depth}, recursion={recursion}")
+        if fusion not in lc.FUSION_MODES:
+            raise ValueError(f"unknown fusion {fusion!r}; choose one of {lc.FUSION_MODES}")
+        if family not in FAMILIES:
+            raise ValueError(f"unknown family {family!r}; choose one of {FAMILIES}")
+        if deep_supervision_every < 0:
+            raise ValueError(f"deep_supervision_every must be >= 0 (0 = off), got {deep_supervision_every}")
+        if not 0.0 <= drop_path_rate < 1.0:
+            raise ValueError(f"drop_path_rate must be in [0, 1), got {drop_path_rate}")
+        self.solver = lc.ODESolver(solver, step_size)
+        self.gradient_checkpointing = False
+
+        self.patch_embed = PatchEmbed(img_size, patch_size, in_channels, embed_dim)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
+        self.pos_embed = nn.Parameter(torch.zeros(1, 1 + self.patch_embed.num_patches, embed_dim))
+        self.blocks = nn.ModuleList(
+            lc.PreNormBlock(embed_dim, num_heads, mlp_ratio, qkv_bias) for _ in range(depth)
+        )
+        self.step_embedding = nn.Embedding(recursion, embed_dim) if loop_embedding else None
+        self.norm = nn.LayerNorm(embed_dim, eps=1e-6)
+        self.head = nn.Linear(embed_dim, num_classes)
+        self._init_weights()
+        # Routers exist only where several steps are fused; R = 1 has exactly the ViT's parameters.
+        self.fusions = None
+        if recursion > 1 and fusion != "last":
+            self.fusions = nn.ModuleList(
+                lc.SoftMoRFusion(embed_dim, recursion, fusion, channels_last=True) for _ in range(depth)
+            )
+
+    def _init_weights(self) -> None:
+        # timm's ViT init: truncated-normal(0.02) linears and position embedding, tiny class token.
+        nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        nn.init.normal_(self.cls_token, std=1e-6)
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.trunc_normal_(module.weight, std=0.02)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+        if self.step_embedding is not None:
+            nn.init.zeros_(self.step_embedding.weight)  # starts as the unconditioned bViT
+
+    # -- timm-style surface ----------------------------------------------------------------------
+    @property
+    def num_classes(self) -> int:
+        return self.config.num_classes
+
+    @property
+    def num_features(self) -> int:
+        return self.config.embed_dim
+
+    @torch.jit.ignore
+    def no_weight_decay(self) -> set[str]:
+        """Parameters to exclude from weight decay besides norms and biases (DeiT: embeddings)."""
+        names = {"pos_embed", "cls_token"}
+        if self.step_embedding is not None:
+            names.add("step_embedding.weight")
+        return names
+
+    @torch.jit.ignore
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute every block application in the backward pass (memory grows with ``recursion``)."""
+        self.gradient_checkpointing = enable
+
+    def _set_gradient_checkpointing(self, enable: bool = True, gradient_checkpointing_func=None) -> None:
+        # diffusers' enable_gradient_checkpointing() lands here.
+        self.gradient_checkpointing = enable
+
+    @property
+    def applications(self) -> int:
+        """Block applications per forward at the training recursion: ``depth * recursion * evals/step``."""
+        return self.config.depth * self.config.recursion * self.solver.evaluations_per_step
+
+    def supervised_indices(self, steps: int | None = None) -> list[int]:
+        """0-based trajectory indices that get a loss (just the last one without deep supervision)."""
+        length = self.trajectory_length(steps)
+        every = self.config.deep_supervision_every
+        if every <= 0:
+            return [length - 1]
+        return [s - 1 for s in lc.supervised_steps(length, every)]
+
+    def trajectory_length(self, steps: int | None = None) -> int:
+        """Number of trajectory states: the steps of a single-block model, else its depth."""
+        return (steps or self.config.recursion) if self.config.depth == 1 else self.config.depth
+
+    # -- forward ---------------------------------------------------------------------------------
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        """Images ``(B, 3, H, W)`` -> tokens ``(B, 1 + N, d)`` with class token and position embedding."""
+        tokens = self.patch_embed(x)
+        cls = self.cls_token.expand(tokens.shape[0], -1, -1)
+        return torch.cat([cls, tokens], dim=1) + self.pos_embed
+
+    def _apply_block(self, j: int, z: torch.Tensor, step: int) -> torch.Tensor:
+        cfg = self.config
+        if self.step_embedding is not None:
+            z = z + self.step_embedding.weight[min(step, cfg.recursion - 1)]
+        drop = 0.0
+        if self.training and cfg.drop_path_rate > 0:
+            n = cfg.depth * cfg.recursion
+            index = j * cfg.recursion + min(step, cfg.recursion - 1)
+            drop = cfg.drop_path_rate * index / max(n - 1, 1)
+        block = self.blocks[j]
+        if self.gradient_checkpointing and torch.is_grad_enabled():
+            return checkpoint(block, z, drop, use_reentrant=False)
+        return block(z, drop)
+
+    def forward_trace(
+        self, x: torch.Tensor, steps: int | None = None, return_step_states: bool = False
+    ) -> RecursionTrace:
+        """Run the trunk and keep the trajectory (un-normed tokens; see :class:`RecursionTrace`).
+
+        Args:
+            x: images ``(B, 3, H, W)``.
+            steps: applications per block (default ``recursion``; more = beyond the training horizon).
+            return_step_states: also keep every block's step outputs.
+        """
+        n = self.config.recursion if steps is None else int(steps)
+        if n < 1:
+            raise ValueError(f"steps must be >= 1, got {n}")
+        z = self.embed(x)
+        single = self.config.depth == 1
+        trajectory: list[torch.Tensor] = []
+        all_states: list[list[torch.Tensor]] = []
+        weights: list[torch.Tensor | None] = []
+        for j in range(self.config.depth):
+            fn = lambda state, step, j=j: self._apply_block(j, state, step)  # noqa: E731
+            keep = self.fusions is not None or single or return_step_states
+            if keep:
+                states = self.solver.integrate(fn, z, n, return_states=True)
+                if self.fusions is not None and n > 1:
+                    fused = self.fusions[j](states, extrapolate=True)
+                    z, w = fused.fused, fused.weights
+                else:
+                    z, w = states[-1], None
+                if return_step_states:
+                    all_states.append(states)
+            else:
+                z, w = self.solver.integrate(fn, z, n), None
+            weights.append(w)
+            # a single-block model exposes every step; its last state is the block's (fused) output
+            trajectory.extend([*states[:-1], z] if single else [z])
+        return RecursionTrace(trajectory, all_states if return_step_states else None, weights)
+
+    def forward_features(self, x: torch.Tensor, steps: int | None = None) -> torch.Tensor:
+        """Images -> final-normed tokens ``(B, 1 + N, d)`` (class token first)."""
+        return self.norm(self.forward_trace(x, steps).trajectory[-1])
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """Normed tokens ``(B, 1 + N, d)`` -> logits ``(B, num_classes)`` (or the class token with ``pre_logits``)."""
+        cls = x[:, 0]
+        return cls if pre_logits else self.head(cls)
+
+    def forward(self, x: torch.Tensor, steps: int | None = None) -> torch.Tensor:
+        """Images ``(B, 3, H, W)`` -> logits ``(B, num_classes)``; ``steps`` overrides the recursion."""
+        return self.forward_head(self.forward_features(x, steps))
+
+    def forward_supervised(self, x: torch.Tensor, steps: int | None = None) -> list[torch.Tensor]:
+        """Logits of the shared head at every supervised trajectory state (the last one last)."""
+        trace = self.forward_trace(x, steps)
+        return [self.forward_head(self.norm(trace.trajectory[i])) for i in self.supervised_indices(steps)]
+
+    def forward_intermediates(self, x: torch.Tensor, steps: int | None = None) -> list[torch.Tensor]:
+        """Logits of the shared head at every trajectory state ``(B, num_classes)`` each (analysis)."""
+        return [self.forward_head(self.norm(s)) for s in self.forward_trace(x, steps).trajectory]

@@ -1,0 +1,68 @@
+"""Model registry: ``srvit.create_model(name, **overrides)`` and ``srvit.list_models()``, timm style.
+
+Names: ``vit-ti|s|b`` (DeiT), ``bvit-ti|s|b`` (one block, ``steps`` applications), ``srvit-ti|s|b``
+(``recursion=R``, SoftMoR ``fusion``, default R=4 and ``token``). Overrides replace any
+:class:`srvit.RecursiveViT` argument; ``steps`` is bViT's name for its recursion.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable
+from typing import Any
+
+from .model import RecursiveViT
+
+# DeiT widths / heads; all use 12 blocks (vit, srvit) of MLP ratio 4 on 16x16 patches of 224x224 images.
+SIZES: dict[str, dict[str, int]] = {
+    "ti": dict(embed_dim=192, num_heads=3),
+    "s": dict(embed_dim=384, num_heads=6),
+    "b": dict(embed_dim=768, num_heads=12),
+}
+FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
+    "vit": dict(depth=12, recursion=1, fusion="last"),
+    "bvit": dict(depth=1, recursion=12, fusion="last"),
+    "srvit": dict(depth=12, recursion=4, fusion="token"),
+}
+
+_REGISTRY: dict[str, Callable[..., RecursiveViT]] = {}
+
+
+def list_models(pattern: str | None = None) -> list[str]:
+    """Registered names, optionally filtered by a shell-style ``pattern`` (e.g. ``"bvit-*"``)."""
+    names = sorted(_REGISTRY)
+    return [n for n in names if fnmatch.fnmatch(n, pattern)] if pattern else names
+
+
+def create_model(name: str, **overrides: Any) -> RecursiveViT:
+    """Build the registered model ``name`` with keyword ``overrides`` (e.g. ``recursion=2, num_classes=10``).
+
+    Works under ``with torch.device("meta"):`` for free parameter / MAC counts of the large models.
+    """
+    if name not in _REGISTRY:
+        raise KeyError(f"unknown model {name!r}; available: {', '.join(list_models())}")
+    return _REGISTRY[name](**overrides)
+
+
+def model_arguments(name: str, **overrides: Any) -> dict[str, Any]:
+    """The full :class:`RecursiveViT` keyword arguments of ``name`` with ``overrides`` applied."""
+    family, _, size = name.partition("-")
+    if family not in FAMILY_DEFAULTS or size not in SIZES:
+        raise KeyError(f"unknown model {name!r}; available: {', '.join(list_models())}")
+    overrides = dict(overrides)
+    if "steps" in overrides:
+        if family != "bvit":
+            raise TypeError(f"'steps' is bViT's option; {name} takes recursion=R")
+        overrides["recursion"] = overrides.pop("steps")
+    if family == "vit" and overrides.get("recursion", 1) != 1:
+        raise TypeError(f"{name} is the non-recursive baseline; use srvit-{size} for recursion > 1")
+    return {**SIZES[size], **FAMILY_DEFAULTS[family], "family": family, **overrides}
+
+
+def _register(name: str) -> None:
+    _REGISTRY[name] = lambda **overrides: RecursiveViT(**model_arguments(name, **overrides))
+
+
+for _family in FAMILY_DEFAULTS:
+    for _size in SIZES:
+        _register(f"{_family}-{_size}")

@@ -1,0 +1,250 @@
+"""srvit models: parameter counts, exact identities between the families, the ODE view, the timm surface."""
+
+import pytest
+import timm
+import torch
+from torch import nn
+
+import srvit
+from loopcore.flops import count_parameters
+from loopcore.softmor import router_parameter_count
+from srvit.trainer import parameter_groups
+
+TINY = dict(img_size=16, patch_size=4, num_classes=7, embed_dim=24, num_heads=2)
+
+
+def tiny(name: str, **overrides) -> srvit.RecursiveViT:
+    return srvit.create_model(name, **{**TINY, **overrides}).eval()
+
+
+def images(batch: int = 3, size: int = 16) -> torch.Tensor:
+    return torch.randn(batch, 3, size, size)
+
+
+def randomize_heads_(model: srvit.RecursiveViT) -> srvit.RecursiveViT:
+    """SoftMoR routers start as `mean` (zero last layer); give them random values so identities are not trivial."""
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.abs().sum() == 0:
+                p.normal_(0, 0.2)
+    return model
+
+
+def manual_recursion(model: srvit.RecursiveViT, x: torch.Tensor, steps: int) -> torch.Tensor:
+    """Reference: every block applied `steps` times as a plain loop, then norm, class token, head."""
+    z = model.embed(x)
+    for block in model.blocks:
+        for _ in range(steps):
+            z = block(z)
+    return model.head(model.norm(z)[:, 0])
+
+
+def test_registry_lists_the_nine_names_and_rejects_unknown_ones() -> None:
+    assert srvit.list_models() == sorted(f"{f}-{s}" for f in ("vit", "bvit", "srvit") for s in ("ti", "s", "b"))
+    assert srvit.list_models("bvit-*") == ["bvit-b", "bvit-s", "bvit-ti"]
+    with pytest.raises(KeyError, match="unknown model 'vit-l'"):
+        srvit.create_model("vit-l")
+    with pytest.raises(TypeError, match="steps"):
+        srvit.create_model("srvit-s", steps=4)
+    with pytest.raises(TypeError, match="srvit-s"):
+        srvit.create_model("vit-s", recursion=2)
+
+
+@pytest.mark.parametrize(
+    ("name", "overrides", "expected", "tolerance"),
+    [
+        ("vit-ti", {}, 5.72e6, 0.001),
+        ("vit-s", {}, 22.05e6, 0.001),
+        ("vit-b", {}, 86.57e6, 0.001),
+        ("srvit-s", {"recursion": 4}, 23.75e6, 0.2e6 / 23.75e6),
+        ("bvit-b", {}, 8.6e6, 0.05),
+    ],
+)
+def test_parameter_counts_match_the_papers_on_meta(name, overrides, expected, tolerance) -> None:
+    with torch.device("meta"):
+        model = srvit.create_model(name, **overrides)
+    assert all(p.is_meta for p in model.parameters())
+    assert abs(count_parameters(model) - expected) <= tolerance * expected, count_parameters(model)
+
+
+def test_srvit_parameters_are_vit_plus_one_router_per_block_and_r1_is_vit() -> None:
+    with torch.device("meta"):
+        vit = count_parameters(srvit.create_model("vit-s"))
+        r1 = count_parameters(srvit.create_model("srvit-s", recursion=1))
+        r4 = count_parameters(srvit.create_model("srvit-s", recursion=4))
+        last = count_parameters(srvit.create_model("srvit-s", recursion=4, fusion="last"))
+    assert vit == r1 == last == 22_050_664  # timm's deit_small_patch16_224
+    assert r4 - vit == 12 * router_parameter_count(384, 4) == 12 * 148_997
+
+
+def test_vit_s_computes_timms_deit_small_with_the_same_weights() -> None:
+    """Numerical cross-check against the reference implementation (timm only as the oracle)."""
+    ref = timm.models.vision_transformer.VisionTransformer(
+        img_size=16, patch_size=4, num_classes=7, embed_dim=24, depth=3, num_heads=2
+    ).eval()
+    ours = tiny("vit-s", depth=3)
+    ours.load_state_dict(ref.state_dict())
+    x = images()
+    torch.testing.assert_close(ours(x), ref(x), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ours.forward_features(x), ref.forward_features(x), rtol=1e-5, atol=1e-5)
+
+
+def test_srvit_with_r1_is_exactly_vit_given_the_same_weights() -> None:
+    vit = tiny("vit-s", depth=3)
+    sr = tiny("srvit-s", depth=3, recursion=1)
+    sr.load_state_dict(vit.state_dict())
+    x = images()
+    assert torch.equal(sr(x), vit(x))
+
+
+def test_fusion_last_is_plain_recursion_and_token_fusion_is_not() -> None:
+    last = tiny("srvit-s", depth=2, recursion=3, fusion="last")
+    x = images()
+    assert torch.equal(last(x), manual_recursion(last, x, 3))
+    token = tiny("srvit-s", depth=2, recursion=3, fusion="token")
+    token.load_state_dict(last.state_dict(), strict=False)
+    randomize_heads_(token)
+    out = token(x)
+    assert not torch.allclose(out, last(x), atol=1e-4)
+    trace = token.forward_trace(x)
+    assert len(trace.fusion_weights) == 2
+    for w in trace.fusion_weights:
+        assert w.shape == (3, 3, 1 + 16)
+        torch.testing.assert_close(w.sum(dim=1), torch.ones(3, 17))
+
+
+def test_bvit_euler_h1_is_bitwise_plain_recursion_and_other_solvers_differ() -> None:
+    model = tiny("bvit-s", steps=5)
+    assert model.config.depth == 1 and model.config.recursion == 5 and model.fusions is None
+    x = images()
+    assert torch.equal(model(x), manual_recursion(model, x, 5))
+    block, z0 = model.blocks[0], model.embed(x)
+    heun = tiny("bvit-s", steps=5, solver="heun")
+    heun.load_state_dict(model.state_dict())
+    z = z0
+    for _ in range(5):  # Heun with h = 1 on v(z) = B(z) - z is z <- (z + B(B(z))) / 2
+        z = 0.5 * (z + block(block(z)))
+    torch.testing.assert_close(heun(x), model.head(model.norm(z)[:, 0]), rtol=1e-5, atol=1e-5)
+    blackbox = tiny("bvit-s", steps=5, solver="blackbox")
+    blackbox.load_state_dict(model.state_dict())
+    z = z0
+    for _ in range(5):  # z' = B(z): z <- z + B(z)
+        z = z + block(z)
+    torch.testing.assert_close(blackbox(x), model.head(model.norm(z)[:, 0]), rtol=1e-5, atol=1e-5)
+    half = tiny("bvit-s", steps=5, step_size=0.5)
+    half.load_state_dict(model.state_dict())
+    assert not torch.allclose(half(x), model(x), atol=1e-5)
+
+
+def test_evaluation_beyond_the_horizon_runs_more_steps_with_the_same_weights() -> None:
+    model = tiny("bvit-s", steps=4)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    x = images()
+    assert torch.equal(model(x, steps=9), manual_recursion(model, x, 9))
+    assert not torch.equal(model(x, steps=9), model(x))
+    per_step = model.forward_intermediates(x, steps=9)
+    assert len(per_step) == 9
+    for n in (1, 4, 9):
+        assert torch.equal(per_step[n - 1], model(x, steps=n))
+    sr = randomize_heads_(tiny("srvit-s", depth=2, recursion=2, fusion="token"))
+    deeper = sr(x, steps=5)  # steps past R share the last step's router bias
+    assert deeper.shape == (3, 7) and torch.isfinite(deeper).all()
+    assert sr.forward_trace(x, steps=5).fusion_weights[0].shape == (3, 5, 17)
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, before[name]), name
+
+
+def test_deep_supervision_reads_the_shared_head_every_k_steps() -> None:
+    model = tiny("bvit-s", steps=12, deep_supervision_every=3)
+    assert model.supervised_indices() == [2, 5, 8, 11]
+    x = images()
+    logits = model.forward_supervised(x)
+    inter = model.forward_intermediates(x)
+    assert len(logits) == 4 and len(inter) == 12
+    for out, i in zip(logits, [2, 5, 8, 11]):
+        assert torch.equal(out, inter[i])
+    assert torch.equal(logits[-1], model(x))
+    deep = tiny("srvit-s", depth=4, recursion=2, deep_supervision_every=2)
+    assert deep.supervised_indices() == [1, 3] and len(deep.forward_supervised(x)) == 2
+    assert tiny("vit-s", depth=4).supervised_indices() == [3]
+
+
+def test_zero_initialised_loop_embedding_starts_as_the_unconditioned_bvit() -> None:
+    plain = tiny("bvit-s", steps=3)
+    looped = tiny("bvit-s", steps=3, loop_embedding=True)
+    looped.load_state_dict(plain.state_dict(), strict=False)
+    x = images()
+    assert torch.equal(looped(x), plain(x))
+    assert "step_embedding.weight" in looped.no_weight_decay()
+
+
+def test_gradient_checkpointing_gives_the_same_gradients() -> None:
+    grads = []
+    for enable in (False, True):
+        torch.manual_seed(0)
+        model = randomize_heads_(tiny("srvit-s", depth=2, recursion=2)).train()
+        model.set_grad_checkpointing(enable)
+        model(images()).square().mean().backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    for name, g in grads[0].items():
+        torch.testing.assert_close(grads[1][name], g, rtol=1e-6, atol=1e-6)
+
+
+def test_drop_path_is_random_in_training_and_off_in_eval() -> None:
+    model = tiny("vit-s", depth=2, drop_path_rate=0.5)
+    x = images(8)
+    ref = model(x)
+    model.train()
+    torch.manual_seed(1)
+    a = model(x)
+    torch.manual_seed(2)
+    b = model(x)
+    assert not torch.equal(a, b)
+    assert torch.equal(model.eval()(x), ref)
+
+
+def test_weight_decay_groups_follow_deit() -> None:
+    model = tiny("srvit-s", depth=2, recursion=2)
+    decay, no_decay = parameter_groups(model, 0.05)
+    names = {id(p): n for n, p in model.named_parameters()}
+    no_decay_names = {names[id(p)] for p in no_decay["params"]}
+    assert {"pos_embed", "cls_token", "norm.weight", "head.bias", "blocks.0.norm1.weight",
+            "fusions.0.step_bias"} <= no_decay_names
+    assert {names[id(p)] for p in decay["params"]} >= {"blocks.0.attn.qkv.weight", "head.weight",
+                                                       "patch_embed.proj.weight", "fusions.1.router.1.weight"}
+    assert decay["weight_decay"] == 0.05 and no_decay["weight_decay"] == 0.0
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+
+
+def test_save_load_round_trip_is_exact(tmp_path) -> None:
+    from loopcore.release import save_release
+
+    model = randomize_heads_(tiny("srvit-s", depth=2, recursion=3))
+    x = images()
+    model.save_pretrained(tmp_path / "diffusers")
+    save_release(model, tmp_path / "release")
+    for folder in ("diffusers", "release"):
+        loaded = srvit.RecursiveViT.from_pretrained(tmp_path / folder)
+        assert torch.equal(loaded(x), model(x)), folder
+
+
+def test_bad_inputs_raise_clear_errors() -> None:
+    model = tiny("vit-s", depth=1)
+    with pytest.raises(ValueError, match="img_size"):
+        model(torch.randn(1, 3, 32, 32))
+    with pytest.raises(ValueError, match="steps must be >= 1"):
+        model(images(), steps=0)
+    with pytest.raises(ValueError, match="unknown fusion"):
+        tiny("srvit-s", fusion="max")
+    with pytest.raises(ValueError, match="unknown solver"):
+        tiny("bvit-s", solver="euler2")
+    with pytest.raises(ValueError, match="multiple of patch_size"):
+        tiny("vit-s", img_size=18)
+
+
+def test_every_registered_model_builds_at_tiny_size_and_runs() -> None:
+    for name in srvit.list_models():
+        model = tiny(name, depth=2) if not name.startswith("bvit") else tiny(name, steps=2)
+        out = model(images(2))
+        assert out.shape == (2, 7) and torch.isfinite(out).all(), name
+        assert isinstance(model, nn.Module) and model.config.family == name.split("-")[0]
