@@ -34,3 +34,14 @@ def test_block_without_drop_path_in_training_equals_eval() -> None:
     block = lc.PreNormBlock(32, 4)
     x = torch.randn(2, 5, 32)
     assert torch.equal(block.train()(x), block.eval()(x))
+
+
+def test_queries_compute_the_leading_tokens_of_the_full_block() -> None:
+    block = lc.PreNormBlock(32, 4)
+    x = torch.randn(2, 9, 32)
+    for k in (1, 3, 9):
+        torch.testing.assert_close(block(x, queries=k), block(x)[:, :k], rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="queries must be in 1..9"):
+        block(x, queries=10)
+    with pytest.raises(ValueError, match="sequences, not"):
+        block.attn(torch.randn(1, 2, 2, 32), queries=1)

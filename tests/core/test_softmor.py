@@ -46,9 +46,11 @@ def test_token_router_starts_as_mean_and_global_mode() -> None:
 
 def test_router_parameter_cost_is_documented_formula() -> None:
     for dim, r in [(16, 4), (384, 4)]:
-        fusion = lc.SoftMoRFusion(dim, r, "token")
-        assert sum(p.numel() for p in fusion.parameters()) == lc.router_parameter_count(dim, r)
+        for mode in lc.FUSION_MODES:
+            fusion = lc.SoftMoRFusion(dim, r, mode)
+            assert sum(p.numel() for p in fusion.parameters()) == lc.router_parameter_count(dim, r, mode)
     assert lc.router_parameter_count(384, 4) == 148_997
+    assert lc.router_parameter_count(384, 4, "query") == 148_612
     assert sum(p.numel() for p in lc.SoftMoRFusion(16, 4, "global").parameters()) == 4
 
 
@@ -76,7 +78,7 @@ def test_core_with_fusion_returns_weights_and_gets_router_gradients() -> None:
 
 @pytest.mark.parametrize("channels_last", [True, False])
 def test_token_fusion_matches_a_per_step_reference(channels_last: bool) -> None:
-    """The batched implementation (one router GEMM over all steps) equals scoring every step on its own."""
+    """The fused implementation (running weighted sum, float32 softmax) equals a direct per-step reference."""
     fusion = randomize_(lc.SoftMoRFusion(16, 4, "token", channels_last), std=0.3)
     xs = states(channels_last)
     to_cl = (lambda h: h) if channels_last else (lambda h: h.movedim(1, -1))
@@ -98,3 +100,33 @@ def test_more_states_than_steps_need_extrapolate_and_reuse_the_last_step_bias() 
     weights = fusion(xs, extrapolate=True).weights[0, :, 0, 0]
     expected = torch.tensor([0.0, 1.0, 1.0, 1.0]).softmax(0)
     torch.testing.assert_close(weights, expected)
+
+
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_query_fusion_scores_each_step_against_a_query_from_the_start_state(channels_last: bool) -> None:
+    xs = states(channels_last)
+    start = torch.randn_like(xs[0])
+    fusion = lc.SoftMoRFusion(16, 4, "query", channels_last)
+    mean = lc.SoftMoRFusion(16, 4, "mean", channels_last)(xs).fused
+    torch.testing.assert_close(fusion(xs, context=start).fused, mean)  # zero-initialised query
+    randomize_(fusion, std=0.5)
+    to_cl = (lambda h: h) if channels_last else (lambda h: h.movedim(1, -1))
+    q = fusion.query(to_cl(start))
+    ln = torch.nn.functional.layer_norm
+    logits = torch.stack([(q * ln(to_cl(h), (16,))).sum(-1) / 4.0 + fusion.step_bias[i] for i, h in enumerate(xs)], 1)
+    weights = logits.softmax(dim=1)
+    out = fusion(xs, context=start)
+    torch.testing.assert_close(out.weights, weights, rtol=1e-5, atol=1e-6)
+    assert out.weights.std(dim=(2, 3)).max() > 1e-3  # token-wise
+    expected = sum(w.unsqueeze(-1) * to_cl(h) for w, h in zip(weights.unbind(1), xs))
+    torch.testing.assert_close(to_cl(out.fused), expected, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="pass context="):
+        fusion(xs)
+
+
+def test_core_passes_the_stage_input_to_query_fusion() -> None:
+    core = randomize_(lc.LoopedCore(lc.block_factory("conv", 32, 32), 2, [1, 3], 32, fusion="query"), std=0.05)
+    out = core(torch.randn(2, 32, 4, 4), 1)
+    assert out.fusion_weights.shape == (2, 3, 4, 4)
+    out.output.sum().backward()
+    assert core.fusions["1"].query[-1].weight.grad.abs().sum() > 0

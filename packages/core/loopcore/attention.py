@@ -57,16 +57,40 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
         self.proj = nn.Linear(dim, dim)
 
-    def forward(self, x: torch.Tensor, window_size: int | None = None) -> torch.Tensor:
-        """Attend. ``x``: ``(B, N, C)`` (global, no RoPE) or ``(B, H, W, C)``; returns the same shape."""
+    def forward(
+        self, x: torch.Tensor, window_size: int | None = None, queries: int | None = None
+    ) -> torch.Tensor:
+        """Attend. ``x``: ``(B, N, C)`` (global, no RoPE) or ``(B, H, W, C)``; returns the same shape.
+
+        ``queries=k`` (sequences only) computes the output of the first ``k`` tokens alone, ``(B, k, C)``,
+        still attending over all ``N`` keys: what a classifier head that reads only the class token needs
+        from the last block, for a fraction of the query, projection and MLP work.
+        """
         if x.ndim == 3:
             if window_size is not None:
                 raise ValueError("window_size needs a (B, H, W, C) grid, got a (B, N, C) sequence")
-            q, k, v = rearrange(self.qkv(x), "b n (three h d) -> three b h n d", three=3, h=self.num_heads)
+            if queries is None:
+                q, k, v = rearrange(self.qkv(x), "b n (three h d) -> three b h n d", three=3, h=self.num_heads)
+            else:
+                q, k, v = self._subset_qkv(x, queries)
             return self.proj(rearrange(F.scaled_dot_product_attention(q, k, v), "b h n d -> b n (h d)"))
+        if queries is not None:
+            raise ValueError("queries=... is for (B, N, C) sequences, not (B, H, W, C) grids")
         if x.ndim != 4:
             raise ValueError(f"Attention expects (B, N, C) or (B, H, W, C), got shape {tuple(x.shape)}")
         return self.proj(self._grid_attention(self.qkv(x), window_size))
+
+    def _subset_qkv(self, x: torch.Tensor, queries: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        # q for the first `queries` tokens only; k and v for all (rows of the fused QKV weight: q, k, v).
+        if not 1 <= queries <= x.shape[1]:
+            raise ValueError(f"queries must be in 1..{x.shape[1]} (the sequence length), got {queries}")
+        dim = x.shape[-1]
+        bias = self.qkv.bias
+        q = F.linear(x[:, :queries], self.qkv.weight[:dim], None if bias is None else bias[:dim])
+        kv = F.linear(x, self.qkv.weight[dim:], None if bias is None else bias[dim:])
+        q = rearrange(q, "b n (h d) -> b h n d", h=self.num_heads)
+        k, v = rearrange(kv, "b n (two h d) -> two b h n d", two=2, h=self.num_heads)
+        return q, k, v
 
     def _grid_attention(self, qkv: torch.Tensor, window_size: int | None) -> torch.Tensor:
         b, height, width, _ = qkv.shape

@@ -201,7 +201,7 @@ class LoopedCore(nn.Module):
             if keep:
                 outputs.append(out)
         if self.fusions is not None and len(outputs) > 1:
-            fused = self.fusions[str(scale)](outputs)
+            fused = self.fusions[str(scale)](outputs, context=h0)
             return StageOutput(fused.fused, outputs, fused.weights)
         return StageOutput(h, outputs if return_passes else None, None)
 

@@ -5,8 +5,8 @@ Euler with step 1 on ``z' = F(z) - z``. The steppers below generalise that to a 
 to higher-order methods (Heun / RK2, classical RK4), plus the "black-box" field ``z' = F(z)`` used
 as an ablation. ``F`` receives the step index so loop-conditioned blocks know which pass they run.
 
-Euler is written as ``lerp(z, F(z), h)``: with ``h = 1`` PyTorch's lerp returns ``F(z)`` exactly,
-so Euler(h=1) is bit-identical to plain recursion.
+Euler is written as ``lerp(z, F(z), h)``, which with ``h = 1`` is ``F(z)`` exactly (and is computed as
+such), so Euler(h=1) is bit-identical to plain recursion.
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ def euler_step(block: StepFn, z: torch.Tensor, step: int, h: float, field: Field
     """One explicit Euler step of size ``h``."""
     if field == "blackbox":
         return z + h * block(z, step)
+    if h == 1.0:  # lerp(z, F(z), 1) is F(z) exactly; skipping it saves a pass over the state
+        return block(z, step)
     return torch.lerp(z, block(z, step), h)
 
 
@@ -87,8 +89,25 @@ class ODESolver:
         """Block evaluations per step (arithmetic cost relative to plain recursion)."""
         return EVALS_PER_STEP[self.method]
 
-    def step(self, block: StepFn, z: torch.Tensor, step: int) -> torch.Tensor:
-        """Advance ``z`` (any shape) by one step."""
+    @property
+    def supports_head(self) -> bool:
+        """Whether :meth:`step` can advance only leading tokens (single-evaluation methods)."""
+        return self.method in ("euler", "blackbox")
+
+    def step(self, block: StepFn, z: torch.Tensor, step: int, head: int | None = None) -> torch.Tensor:
+        """Advance ``z`` (any shape) by one step.
+
+        ``head=k`` advances only the first ``k`` entries of dim 1 (e.g. a class token): ``block`` then maps
+        the full ``z`` to those ``k`` entries' value of ``F``, shape ``(B, k, ...)``. Only for ``euler`` and
+        ``blackbox``; higher-order methods evaluate ``F`` at intermediate full states.
+        """
+        if head is not None:
+            if not self.supports_head:
+                raise ValueError(f"solver {self.method!r} cannot advance a subset of tokens; use euler or blackbox")
+            anchor = z[:, :head]
+            if self.method == "blackbox":
+                return anchor + self.step_size * block(z, step)
+            return euler_step(lambda _, t: block(z, t), anchor, step, self.step_size)
         if self.method == "blackbox":
             return euler_step(block, z, step, self.step_size, field="blackbox")
         return _STEPPERS[self.method](block, z, step, self.step_size)
