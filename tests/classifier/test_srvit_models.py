@@ -30,6 +30,11 @@ def randomize_heads_(model: srvit.RecursiveViT) -> srvit.RecursiveViT:
     return model
 
 
+def full_logits(model: srvit.RecursiveViT, x: torch.Tensor, steps: int | None = None) -> torch.Tensor:
+    """Logits through the full-sequence path (``model(x)`` computes the last application for the class token only)."""
+    return model.forward_head(model.forward_features(x, steps))
+
+
 def manual_recursion(model: srvit.RecursiveViT, x: torch.Tensor, steps: int) -> torch.Tensor:
     """Reference: every block applied `steps` times as a plain loop, then norm, class token, head."""
     z = model.embed(x)
@@ -73,8 +78,11 @@ def test_srvit_parameters_are_vit_plus_one_router_per_block_and_r1_is_vit() -> N
         r1 = count_parameters(srvit.create_model("srvit-s", recursion=1))
         r4 = count_parameters(srvit.create_model("srvit-s", recursion=4))
         last = count_parameters(srvit.create_model("srvit-s", recursion=4, fusion="last"))
+        query = count_parameters(srvit.create_model("srvit-s", recursion=4, fusion="query"))
     assert vit == r1 == last == 22_050_664  # timm's deit_small_patch16_224
     assert r4 - vit == 12 * router_parameter_count(384, 4) == 12 * 148_997
+    assert query - vit == 12 * router_parameter_count(384, 4, "query")
+    assert abs(query - 23.75e6) <= 0.2e6  # the paper's +1.7M holds for the cheaper router too
 
 
 def test_vit_s_computes_timms_deit_small_with_the_same_weights() -> None:
@@ -100,7 +108,7 @@ def test_srvit_with_r1_is_exactly_vit_given_the_same_weights() -> None:
 def test_fusion_last_is_plain_recursion_and_token_fusion_is_not() -> None:
     last = tiny("srvit-s", depth=2, recursion=3, fusion="last")
     x = images()
-    assert torch.equal(last(x), manual_recursion(last, x, 3))
+    assert torch.equal(full_logits(last, x), manual_recursion(last, x, 3))
     token = tiny("srvit-s", depth=2, recursion=3, fusion="token")
     token.load_state_dict(last.state_dict(), strict=False)
     randomize_heads_(token)
@@ -117,7 +125,7 @@ def test_bvit_euler_h1_is_bitwise_plain_recursion_and_other_solvers_differ() -> 
     model = tiny("bvit-s", steps=5)
     assert model.config.depth == 1 and model.config.recursion == 5 and model.fusions is None
     x = images()
-    assert torch.equal(model(x), manual_recursion(model, x, 5))
+    assert torch.equal(full_logits(model, x), manual_recursion(model, x, 5))
     block, z0 = model.blocks[0], model.embed(x)
     heun = tiny("bvit-s", steps=5, solver="heun")
     heun.load_state_dict(model.state_dict())
@@ -140,18 +148,55 @@ def test_evaluation_beyond_the_horizon_runs_more_steps_with_the_same_weights() -
     model = tiny("bvit-s", steps=4)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     x = images()
-    assert torch.equal(model(x, steps=9), manual_recursion(model, x, 9))
+    assert torch.equal(full_logits(model, x, steps=9), manual_recursion(model, x, 9))
     assert not torch.equal(model(x, steps=9), model(x))
     per_step = model.forward_intermediates(x, steps=9)
     assert len(per_step) == 9
-    for n in (1, 4, 9):
-        assert torch.equal(per_step[n - 1], model(x, steps=n))
+    for n in (1, 4):  # earlier states of a 9-step run are the final states of shorter runs
+        assert torch.equal(per_step[n - 1], full_logits(model, x, steps=n))
+    assert torch.equal(per_step[-1], model(x, steps=9))
     sr = randomize_heads_(tiny("srvit-s", depth=2, recursion=2, fusion="token"))
     deeper = sr(x, steps=5)  # steps past R share the last step's router bias
     assert deeper.shape == (3, 7) and torch.isfinite(deeper).all()
     assert sr.forward_trace(x, steps=5).fusion_weights[0].shape == (3, 5, 17)
     for name, tensor in model.state_dict().items():
         assert torch.equal(tensor, before[name]), name
+
+
+@pytest.mark.parametrize(
+    ("name", "overrides"),
+    [
+        ("vit-s", dict(depth=3)),
+        ("srvit-s", dict(depth=2, recursion=3, fusion="token")),
+        ("srvit-s", dict(depth=2, recursion=3, fusion="mean")),
+        ("srvit-s", dict(depth=2, recursion=3, fusion="query")),
+        ("srvit-s", dict(depth=2, recursion=3, fusion="last")),
+        ("srvit-s", dict(depth=2, recursion=3, fusion="global")),
+        ("bvit-s", dict(steps=4)),
+        ("bvit-s", dict(steps=4, solver="blackbox", step_size=0.5)),
+        ("bvit-s", dict(steps=4, solver="heun")),
+        ("bvit-s", dict(steps=4, loop_embedding=True)),
+    ],
+)
+def test_class_token_only_last_application_matches_the_full_computation(name: str, overrides: dict) -> None:
+    """model(x) skips every token but the class token in the last application; logits and gradients agree."""
+    model = randomize_heads_(tiny(name, drop_path_rate=0.3, **overrides))
+    x = images()
+    for steps in (None, 6):
+        torch.testing.assert_close(model(x, steps=steps), full_logits(model, x, steps), rtol=1e-5, atol=1e-6)
+    model.train()  # same drop-path draws: the shortcut consumes the random stream like the full path
+    grads = []
+    for fn in (model, full_logits):
+        torch.manual_seed(3)
+        model.zero_grad()
+        out = fn(model, x) if fn is full_logits else fn(x)
+        out.square().sum().backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys()
+    for key, g in grads[1].items():
+        torch.testing.assert_close(grads[0][key], g, rtol=1e-4, atol=1e-6, msg=key)
+    assert model.computes_head_only == (overrides.get("solver", "euler") != "heun"
+                                        and overrides.get("fusion") != "global")
 
 
 def test_deep_supervision_reads_the_shared_head_every_k_steps() -> None:

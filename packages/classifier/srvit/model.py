@@ -4,7 +4,8 @@ The trunk has ``depth`` stored pre-norm blocks (:class:`loopcore.PreNormBlock`);
 ``recursion`` times in place, each application being one step of an explicit ODE solver on the
 residual field ``v(z) = B_j(z) - z`` (:class:`loopcore.ODESolver`; Euler with ``h = 1`` is plain
 recursion ``z <- B_j(z)``, bit for bit). The ``recursion`` step outputs of a block are fused by
-:class:`loopcore.SoftMoRFusion` (per block, so a token router costs ``d^2 + 4d + 1 + R`` per block).
+:class:`loopcore.SoftMoRFusion` (per block, so a token router costs ``d^2 + 4d + 1 + R`` per block and a
+query router ``d^2 + 3d + R``).
 
 * ``vit``:   depth 12, recursion 1 (a DeiT ViT; no fusion parameters exist at ``R = 1``).
 * ``bvit``:  depth 1, recursion ``T`` (= ``steps``), fusion ``last``: one block applied ``T`` times,
@@ -25,6 +26,8 @@ Images are ``(B, 3, H, W)`` normalised with the dataset mean/std; logits are ``(
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -83,7 +86,8 @@ class RecursiveViT(ReleaseLoadingMixin, ModelMixin, ConfigMixin):
         num_classes: classifier outputs.
         embed_dim, depth, num_heads, mlp_ratio, qkv_bias: the stored blocks.
         recursion: applications of each block (``R`` for SR-ViT, ``T`` for bViT, 1 for ViT).
-        fusion: SoftMoR mode fusing each block's step outputs: ``last`` | ``mean`` | ``global`` | ``token``.
+        fusion: SoftMoR mode fusing each block's step outputs: ``last`` | ``mean`` | ``global`` | ``token`` |
+            ``query`` (token-wise, scored against a query from the block input; see :mod:`loopcore.softmor`).
         solver, step_size: ODE stepper over ``v(z) = B(z) - z`` (``euler`` | ``heun`` | ``rk4``; ``blackbox``
             = Euler on ``z' = B(z)``) and its step ``h``.
         loop_embedding: add a learned per-step embedding to every application's input (bViT option).
@@ -208,7 +212,7 @@ class RecursiveViT(ReleaseLoadingMixin, ModelMixin, ConfigMixin):
         cls = self.cls_token.expand(tokens.shape[0], -1, -1)
         return torch.cat([cls, tokens], dim=1) + self.pos_embed
 
-    def _apply_block(self, j: int, z: torch.Tensor, step: int) -> torch.Tensor:
+    def _apply_block(self, j: int, z: torch.Tensor, step: int, queries: int | None = None) -> torch.Tensor:
         cfg = self.config
         if self.step_embedding is not None:
             z = z + self.step_embedding.weight[min(step, cfg.recursion - 1)]
@@ -219,49 +223,116 @@ class RecursiveViT(ReleaseLoadingMixin, ModelMixin, ConfigMixin):
             drop = cfg.drop_path_rate * index / max(n - 1, 1)
         block = self.blocks[j]
         if self.gradient_checkpointing and torch.is_grad_enabled():
-            return checkpoint(block, z, drop, use_reentrant=False)
-        return block(z, drop)
+            return checkpoint(block, z, drop, queries, use_reentrant=False)
+        return block(z, drop, queries)
+
+    @property
+    def computes_head_only(self) -> bool:
+        """Whether logits-only forwards compute just the class token in the last block application.
+
+        Exact in value (the head reads nothing else; equal to the full computation up to float rounding).
+        Needs a single-evaluation solver (Euler / black-box) and a fusion that weighs each token on its
+        own (``global`` fusion would be too, but stays on the full path for simplicity of its weights).
+        """
+        return self.solver.supports_head and self.config.fusion != "global"
 
     def forward_trace(
-        self, x: torch.Tensor, steps: int | None = None, return_step_states: bool = False
+        self, x: torch.Tensor, steps: int | None = None, return_step_states: bool = False,
+        head_only: bool = False,
     ) -> RecursionTrace:
-        """Run the trunk and keep the trajectory (un-normed tokens; see :class:`RecursionTrace`).
+        """Run the trunk and keep the whole trajectory (un-normed tokens; see :class:`RecursionTrace`).
 
         Args:
             x: images ``(B, 3, H, W)``.
             steps: applications per block (default ``recursion``; more = beyond the training horizon).
             return_step_states: also keep every block's step outputs.
+            head_only: the caller reads only the class token of the last state: where
+                :attr:`computes_head_only` holds, the last application of the last block (and its fusion)
+                runs for the class token alone and the last trajectory state is ``(B, 1, d)``.
         """
+        if head_only and return_step_states:
+            raise ValueError("head_only=True drops the last block's full state; it cannot return step states")
+        trajectory: list[torch.Tensor] = []
+        all_states: list[list[torch.Tensor]] = []
+        weights: list[torch.Tensor | None] = []
+        for states, z, w in self._run_blocks(x, steps, head_only, keep_steps=True):
+            weights.append(w)
+            if return_step_states:
+                all_states.append(states)
+            # a single-block model exposes every step; its last state is the block's (fused) output
+            trajectory.extend([*states[:-1], z] if self.config.depth == 1 else [z])
+        return RecursionTrace(trajectory, all_states if return_step_states else None, weights)
+
+    def _trajectory_states(self, x: torch.Tensor, steps: int | None, wanted: list[int]) -> list[torch.Tensor]:
+        """The trajectory states at indices ``wanted`` (ascending), the last one for the class token only.
+
+        Unlike :meth:`forward_trace` nothing else stays alive, so logits-only forwards hold two states at a time.
+        """
+        length = self.trajectory_length(steps)
+        if not wanted or any(not 0 <= i < length for i in wanted):
+            raise ValueError(f"trajectory indices {wanted} out of range for {length} states")
+        single = self.config.depth == 1
+        keep_steps = single and wanted != [length - 1]
+        kept: list[torch.Tensor] = []
+        for j, (states, z, _) in enumerate(self._run_blocks(x, steps, head_only=True, keep_steps=keep_steps)):
+            if not single:
+                if j in wanted:
+                    kept.append(z)
+            elif keep_steps:
+                trajectory = [*states[:-1], z]
+                kept = [trajectory[i] for i in wanted]
+            else:
+                kept = [z]
+        return kept
+
+    def _run_blocks(
+        self, x: torch.Tensor, steps: int | None, head_only: bool, keep_steps: bool
+    ) -> Iterator[tuple[list[torch.Tensor] | None, torch.Tensor, torch.Tensor | None]]:
+        """Yield ``(step states or None, block output, fusion weights or None)`` block by block."""
         n = self.config.recursion if steps is None else int(steps)
         if n < 1:
             raise ValueError(f"steps must be >= 1, got {n}")
         z = self.embed(x)
-        single = self.config.depth == 1
-        trajectory: list[torch.Tensor] = []
-        all_states: list[list[torch.Tensor]] = []
-        weights: list[torch.Tensor | None] = []
         for j in range(self.config.depth):
             fn = lambda state, step, j=j: self._apply_block(j, state, step)  # noqa: E731
-            keep = self.fusions is not None or single or return_step_states
-            if keep:
-                states = self.solver.integrate(fn, z, n, return_states=True)
-                if self.fusions is not None and n > 1:
-                    fused = self.fusions[j](states, extrapolate=True)
-                    z, w = fused.fused, fused.weights
-                else:
-                    z, w = states[-1], None
-                if return_step_states:
-                    all_states.append(states)
+            fuses = self.fusions is not None and n > 1
+            start = z  # the block input: SoftMoR's `query` mode scores the steps against it
+            if head_only and j == self.config.depth - 1 and self.computes_head_only:
+                states = self._last_application_head_only(j, z, n, keep_steps or fuses)
+                inputs = [s[:, :1] for s in states] if fuses else states
+                start = z[:, :1]  # only the class token is fused
+            elif fuses or keep_steps:
+                states = inputs = self.solver.integrate(fn, z, n, return_states=True)
             else:
-                z, w = self.solver.integrate(fn, z, n), None
-            weights.append(w)
-            # a single-block model exposes every step; its last state is the block's (fused) output
-            trajectory.extend([*states[:-1], z] if single else [z])
-        return RecursionTrace(trajectory, all_states if return_step_states else None, weights)
+                states, inputs = None, [self.solver.integrate(fn, z, n)]
+            if fuses:
+                fused = self.fusions[j](inputs, extrapolate=True, context=start)
+                z, w = fused.fused, fused.weights
+            else:
+                z, w = inputs[-1], None
+            yield (states if keep_steps else None), z, w
+
+    def _last_application_head_only(self, j: int, z: torch.Tensor, n: int, keep_steps: bool) -> list[torch.Tensor]:
+        """Steps ``1..n`` of block ``j``, the last for the class token only: ``[..., (B, 1, d)]``.
+
+        With ``keep_steps`` all ``n - 1`` full states come first; without, only the class-token state is returned.
+        """
+        fn = lambda state, step: self._apply_block(j, state, step)  # noqa: E731
+        if n == 1:
+            states = []
+        elif keep_steps:
+            states = self.solver.integrate(fn, z, n - 1, return_states=True)
+        else:
+            states = [self.solver.integrate(fn, z, n - 1)]
+        head = lambda state, step: self._apply_block(j, state, step, queries=1)  # noqa: E731
+        last = self.solver.step(head, states[-1] if states else z, n - 1, head=1)
+        return [*states, last] if keep_steps else [last]
 
     def forward_features(self, x: torch.Tensor, steps: int | None = None) -> torch.Tensor:
         """Images -> final-normed tokens ``(B, 1 + N, d)`` (class token first)."""
-        return self.norm(self.forward_trace(x, steps).trajectory[-1])
+        # deque(maxlen=1) keeps only the last block's output; earlier ones are freed as the trunk advances
+        (_, z, _), = deque(self._run_blocks(x, steps, head_only=False, keep_steps=False), maxlen=1)
+        return self.norm(z)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """Normed tokens ``(B, 1 + N, d)`` -> logits ``(B, num_classes)`` (or the class token with ``pre_logits``)."""
@@ -270,13 +341,14 @@ class RecursiveViT(ReleaseLoadingMixin, ModelMixin, ConfigMixin):
 
     def forward(self, x: torch.Tensor, steps: int | None = None) -> torch.Tensor:
         """Images ``(B, 3, H, W)`` -> logits ``(B, num_classes)``; ``steps`` overrides the recursion."""
-        return self.forward_head(self.forward_features(x, steps))
+        last = self.trajectory_length(steps) - 1
+        return self.forward_head(self.norm(self._trajectory_states(x, steps, [last])[0]))
 
     def forward_supervised(self, x: torch.Tensor, steps: int | None = None) -> list[torch.Tensor]:
         """Logits of the shared head at every supervised trajectory state (the last one last)."""
-        trace = self.forward_trace(x, steps)
-        return [self.forward_head(self.norm(trace.trajectory[i])) for i in self.supervised_indices(steps)]
+        states = self._trajectory_states(x, steps, self.supervised_indices(steps))
+        return [self.forward_head(self.norm(s)) for s in states]
 
     def forward_intermediates(self, x: torch.Tensor, steps: int | None = None) -> list[torch.Tensor]:
         """Logits of the shared head at every trajectory state ``(B, num_classes)`` each (analysis)."""
-        return [self.forward_head(self.norm(s)) for s in self.forward_trace(x, steps).trajectory]
+        return [self.forward_head(self.norm(s)) for s in self.forward_trace(x, steps, head_only=True).trajectory]
