@@ -1,0 +1,156 @@
+"""srvit throughput on CPU, side by side in one process:
+
+1. ``vit-s`` against timm's ``deit_small_patch16_224`` (timm only as the peer being measured), with the
+   same weights loaded into both, inference and a training step (forward + backward) at 224²;
+2. the cost of SoftMoR: ``srvit-s`` at R = 4 with ``fusion=token`` against ``fusion=last``.
+
+Timings alternate between the models being compared (A B B A ...) and report the median, so drift in
+the shared machine's speed hits both alike. Usage:
+``.venv/bin/python benchmarks/bench_srvit.py --out docs/benchmarks.md`` (updates its section).
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import timm
+import torch
+
+import srvit
+from loopcore.flops import count_macs, count_parameters
+
+COMMAND = ".venv/bin/python benchmarks/bench_srvit.py --out docs/benchmarks.md"
+
+
+def _timer(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def alternate(fns: dict[str, Callable[[], object]], repeats: int, warmup: int = 1) -> dict[str, float]:
+    """Median seconds per call of each function, timed in alternation."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    order = list(fns.items())
+    for i in range(repeats):
+        for name, fn in order if i % 2 == 0 else order[::-1]:  # A B B A ...: neither always goes first
+            times[name].append(_timer(fn))
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def inference(model: torch.nn.Module, x: torch.Tensor) -> Callable[[], object]:
+    model.eval()
+
+    def run() -> object:
+        with torch.inference_mode():
+            return model(x)
+
+    return run
+
+
+def train_step(model: torch.nn.Module, x: torch.Tensor) -> Callable[[], object]:
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    labels = torch.zeros(x.shape[0], dtype=torch.long)
+
+    def run() -> object:
+        for p in params:
+            p.grad = None
+        loss = torch.nn.functional.cross_entropy(model(x), labels)
+        loss.backward()
+        return loss
+
+    return run
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, help="markdown file whose 'srvit' section is rewritten")
+    parser.add_argument(
+        "--batch", type=int, default=16,
+        help="vit-s inference batch (its training step uses half; srvit-s R=4 uses a quarter for both)",
+    )
+    parser.add_argument("--repeats", type=int, default=12)
+    args = parser.parse_args(argv)
+    torch.manual_seed(0)
+    rows = []
+
+    ours, peer = srvit.create_model("vit-s"), timm.create_model("deit_small_patch16_224", pretrained=False)
+    ours.load_state_dict(peer.state_dict())  # same weights: the comparison is of the implementations
+    x = torch.randn(args.batch, 3, 224, 224)
+    with torch.inference_mode():
+        max_diff = float((ours.eval()(x[:2]) - peer.eval()(x[:2])).abs().max())
+    inf = alternate({"ours": inference(ours, x), "timm": inference(peer, x)}, args.repeats)
+    xt = x[: max(1, args.batch // 2)]
+    trn = alternate({"ours": train_step(ours, xt), "timm": train_step(peer, xt)}, max(3, args.repeats // 2))
+    for mode, t, n in (("inference", inf, x.shape[0]), ("train step", trn, xt.shape[0])):
+        rows.append((f"vit-s vs timm deit_small_patch16_224, {mode}, batch {n}", n / t["ours"], n / t["timm"],
+                     t["timm"] / t["ours"]))
+
+    fusions = ("token", "query", "last")
+    sr = {mode: srvit.create_model("srvit-s", recursion=4, fusion=mode) for mode in fusions}
+    for mode in fusions[1:]:  # same trunk weights; only the routers differ
+        sr[mode].load_state_dict(sr["token"].state_dict(), strict=False)
+    xs = x[: max(1, args.batch // 4)]
+    sr_inf = alternate({m: inference(model, xs) for m, model in sr.items()}, args.repeats)
+    xst = xs
+    sr_trn = alternate({m: train_step(model, xst) for m, model in sr.items()}, max(3, args.repeats // 2))
+    with torch.device("meta"):
+        macs = {m: count_macs(srvit.create_model("srvit-s", recursion=4, fusion=m), torch.randn(1, 3, 224, 224))
+                for m in fusions}
+    params = {m: count_parameters(model) for m, model in sr.items()}
+    soft_rows = []
+    for mode, t, n in (("inference", sr_inf, xs.shape[0]), ("train step", sr_trn, xst.shape[0])):
+        for m in ("token", "query"):
+            soft_rows.append((m, mode, n, n / t[m], n / t["last"], t[m] / t["last"] - 1))
+
+    lines = [
+        "## srvit throughput (CPU, fp32, 224²)", "",
+        f"Command: `{COMMAND}` (batch {args.batch}, {args.repeats} alternating repeats, median).", "",
+        f"Machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
+        f"torch {torch.__version__}, timm {timm.__version__}. Both ViTs hold the same weights (outputs agree to "
+        f"{max_diff:.1e}); {count_parameters(ours) / 1e6:.2f}M parameters each. Ours computes the last block "
+        "for the class token only when only logits are asked for (the head reads nothing else; "
+        "`forward_features` still returns every token).", "",
+        "| comparison | ours (images/s) | timm (images/s) | ours / timm |",
+        "| --- | --- | --- | --- |",
+        *[f"| {name} | {a:.2f} | {b:.2f} | {r:.3f}× |" for name, a, b, r in rows],
+        "",
+        "SoftMoR cost, `srvit-s` at R = 4: each fusion mode against plain recursion (`fusion=last`), the same "
+        "trunk weights, timed in one alternation.", "",
+        "| fusion | parameters | GMACs / image | MACs over `last` |",
+        "| --- | --- | --- | --- |",
+        *[f"| {m} | {params[m] / 1e6:.2f}M | {macs[m] / 1e9:.2f} | {100 * (macs[m] / macs['last'] - 1):+.1f}% |"
+          for m in fusions],
+        "",
+        "| fusion | mode | batch | images/s | `last` images/s | time over `last` |",
+        "| --- | --- | --- | --- | --- | --- |",
+        *[f"| {m} | {mode} | {n} | {a:.2f} | {b:.2f} | {100 * o:+.1f}% |" for m, mode, n, a, b, o in soft_rows],
+        "",
+        "`token` (the default, SPEC's reading of the router) runs `LayerNorm -> Linear(d, d) -> GELU -> Linear(d, 1)` "
+        "on every step's output of every token, so its arithmetic alone is "
+        f"{100 * (macs['token'] / macs['last'] - 1):+.1f}% at R = 4. `query` computes one `Linear(d, d)` query per "
+        "token from the block input and scores each step by a dot product with its normalised output: the same "
+        "token-wise soft weights and nearly the same parameters, a quarter of the router GEMMs.",
+    ]
+    text = "\n".join(lines)
+    print(text)
+    if args.out is not None:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from sections import update_section
+
+        update_section(args.out, "srvit", text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
