@@ -29,6 +29,7 @@ import PIL
 import torch
 import torchvision
 from PIL import Image
+from sections import publish  # benchmarks/ is on sys.path when a script here runs
 from torchvision.transforms import v2
 
 import loopdata
@@ -113,13 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         text = measure(images, urls, args)
     finally:
         torch.set_num_threads(threads)
-    print(text)
-    if args.out is not None:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from sections import update_section
-
-        update_section(args.out, "data", text)
-        print(f"wrote {args.out}", file=sys.stderr)
+    publish(text, args.out, "data")
     return 0
 
 

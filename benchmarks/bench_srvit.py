@@ -21,6 +21,7 @@ from pathlib import Path
 
 import timm
 import torch
+from sections import publish  # benchmarks/ is on sys.path when a script here runs
 
 import srvit
 from loopcore.flops import count_macs, count_parameters
@@ -143,12 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         "token-wise soft weights and nearly the same parameters, a quarter of the router GEMMs.",
     ]
     text = "\n".join(lines)
-    print(text)
-    if args.out is not None:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from sections import update_section
-
-        update_section(args.out, "srvit", text)
+    publish(text, args.out, "srvit")
     return 0
 
 

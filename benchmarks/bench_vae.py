@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+from sections import publish  # benchmarks/ is on sys.path when a script here runs
 
 from loopvae.profile import profile
 
@@ -38,12 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         "not the absolute times.", "",
         table.replace("![weights vs arithmetic](profile.png)", "").strip(),
     ])
-    print(text)
-    if args.out is not None:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from sections import update_section
-
-        update_section(args.out, "loopvae-profile", text)
+    publish(text, args.out, "loopvae-profile")
     return 0
 
 

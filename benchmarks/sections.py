@@ -25,3 +25,10 @@ def update_section(path: Path, name: str, text: str) -> None:
         body = body.rstrip() + "\n\n" + block + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(body)
+
+
+def publish(text: str, out: Path | None, name: str) -> None:
+    """Print a benchmark's markdown ``text`` and, with ``out``, make it the section ``name`` of that file."""
+    print(text)
+    if out is not None:
+        update_section(Path(out), name, text)

@@ -236,12 +236,13 @@ def test_parse_size():
     assert parse_size("1.5G") == 1_500_000_000 and parse_size("64MiB") == 64 * 2**20
 
 
-def test_benchmark_script_runs_and_reports_the_ratio(tmp_path):
+def test_benchmark_script_runs_and_reports_the_ratio(tmp_path, monkeypatch):
     import importlib.util
 
     from loopdata import bundled_kodak_urls
 
     path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_data.py"
+    monkeypatch.syspath_prepend(str(path.parent))  # as when the script runs: its folder is on sys.path
     spec = importlib.util.spec_from_file_location("bench_data", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
