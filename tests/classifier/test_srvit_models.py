@@ -195,8 +195,7 @@ def test_class_token_only_last_application_matches_the_full_computation(name: st
     assert grads[0].keys() == grads[1].keys()
     for key, g in grads[1].items():
         torch.testing.assert_close(grads[0][key], g, rtol=1e-4, atol=1e-6, msg=key)
-    assert model.computes_head_only == (overrides.get("solver", "euler") != "heun"
-                                        and overrides.get("fusion") != "global")
+    assert model.computes_head_only == (overrides.get("solver", "euler") != "heun")
 
 
 def test_deep_supervision_reads_the_shared_head_every_k_steps() -> None:

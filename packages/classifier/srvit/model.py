@@ -230,11 +230,12 @@ class RecursiveViT(ReleaseLoadingMixin, ModelMixin, ConfigMixin):
     def computes_head_only(self) -> bool:
         """Whether logits-only forwards compute just the class token in the last block application.
 
-        Exact in value (the head reads nothing else; equal to the full computation up to float rounding).
-        Needs a single-evaluation solver (Euler / black-box) and a fusion that weighs each token on its
-        own (``global`` fusion would be too, but stays on the full path for simplicity of its weights).
+        Exact in value: the head reads nothing else, and every fusion mode weighs a token's steps from that
+        token alone (or from nothing, for ``mean`` / ``global``); equal to the full computation up to float
+        rounding. Needs a single-evaluation solver (Euler / black-box): Heun and RK4 evaluate the block at
+        intermediate full states.
         """
-        return self.solver.supports_head and self.config.fusion != "global"
+        return self.solver.supports_head
 
     def forward_trace(
         self, x: torch.Tensor, steps: int | None = None, return_step_states: bool = False,
@@ -255,7 +256,8 @@ class RecursiveViT(ReleaseLoadingMixin, ModelMixin, ConfigMixin):
         trajectory: list[torch.Tensor] = []
         all_states: list[list[torch.Tensor]] = []
         weights: list[torch.Tensor | None] = []
-        for states, z, w in self._run_blocks(x, steps, head_only, keep_steps=True):
+        keep_steps = return_step_states or self.config.depth == 1
+        for states, z, w in self._run_blocks(x, steps, head_only, keep_steps=keep_steps):
             weights.append(w)
             if return_step_states:
                 all_states.append(states)
