@@ -6,8 +6,14 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from loopcore.checkpoint import CheckpointManager, load_run_checkpoint, model_weights, sha256_file
-from loopcore.release import WEIGHTS_NAME
+from loopcore.checkpoint import (
+    CheckpointManager,
+    check_weight_choice,
+    load_run_checkpoint,
+    model_weights,
+    sha256_file,
+)
+from loopcore.release import WEIGHTS_NAME, artifact_class_name
 
 from .model import RecursiveViT
 from .registry import create_model
@@ -43,13 +49,13 @@ def load_classifier(path: str | Path, weights: str = "ema") -> LoadedClassifier:
         weights: for run directories, ``ema`` (default) or ``model`` (the raw training weights).
     """
     path = Path(path)
-    if weights not in ("ema", "model"):
-        raise ValueError(f"weights must be 'ema' or 'model', got {weights!r}")
-    config_file = path / "config.json"
-    if config_file.is_file():
-        class_name = json.loads(config_file.read_text()).get("_class_name")
+    check_weight_choice(weights)
+    if (path / "config.json").is_file():
+        class_name = artifact_class_name(path)
         if class_name != RecursiveViT.__name__:
-            raise ValueError(f"{config_file}: _class_name is {class_name!r}, not a srvit RecursiveViT artifact")
+            raise ValueError(
+                f"{path / 'config.json'}: _class_name is {class_name!r}, not a srvit RecursiveViT artifact"
+            )
         if not (path / WEIGHTS_NAME).is_file():
             raise FileNotFoundError(f"{path} has a config.json but no {WEIGHTS_NAME}")
         model = RecursiveViT.from_pretrained(path)

@@ -24,6 +24,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import loopdata
 from loopcore.ema import EMA
+from loopcore.flops import count_parameters
 from loopcore.run_logger import RunLogger
 from loopcore.schedule import make_scheduler
 from loopcore.training_loop import NonFiniteLossError, TrainingLoop, TrainResult
@@ -203,9 +204,10 @@ class Trainer(TrainingLoop):
     # -- loop ----------------------------------------------------------------------------------
     def run(self) -> TrainResult:
         cfg = self.config
+        parameters = count_parameters(self.model)
         log.info(
             "training %s (%.2fM parameters) on %d rank(s): %d batches/epoch/rank, steps %d -> %d, peak lr %.3g",
-            cfg.model, sum(p.numel() for p in self.model.parameters()) / 1e6, self.ctx.world_size, len(self.loader),
+            cfg.model, parameters / 1e6, self.ctx.world_size, len(self.loader),
             self.step, self.total_steps, self.lr,
         )
         outcome = self.loop()
@@ -213,7 +215,7 @@ class Trainer(TrainingLoop):
             self.model, self.eval_model,
             {"weights": cfg.eval_weights, "model": cfg.model, "protocol": cfg.protocol}, outcome,
             {"peak_lr": self.lr, "validation": self.validation, "epochs": self.step / max(self.loader.num_batches, 1),
-             "parameters": sum(p.numel() for p in self.model.parameters())},
+             "parameters": parameters},
         )
         return self.result(outcome, release, self.validation)
 

@@ -161,14 +161,20 @@ class CheckpointManager:
         return None
 
 
+def check_weight_choice(weights: str) -> str:
+    """``weights`` if it names the weights a training checkpoint holds (``ema`` or ``model``), else a clear error."""
+    if weights not in ("ema", "model"):
+        raise ValueError(f"weights must be 'ema' or 'model', got {weights!r}")
+    return weights
+
+
 def model_weights(loaded: LoadedCheckpoint, weights: str = "ema") -> dict[str, torch.Tensor]:
     """The model state dict inside a training checkpoint: the EMA shadow (``ema``) or the raw ``model``.
 
     Training checkpoints hold ``state["model"]`` and ``state["ema"]`` (an :class:`loopcore.ema.EMA` state,
     whose model entries carry a ``module.`` prefix next to its update counter).
     """
-    if weights not in ("ema", "model"):
-        raise ValueError(f"weights must be 'ema' or 'model', got {weights!r}")
+    check_weight_choice(weights)
     if weights not in loaded.state:
         raise KeyError(f"{loaded.path} holds no {weights!r} state (keys: {sorted(loaded.state)})")
     state = loaded.state[weights]
@@ -179,7 +185,7 @@ def model_weights(loaded: LoadedCheckpoint, weights: str = "ema") -> dict[str, t
 
 def load_run_checkpoint(run_dir: str | Path) -> tuple[LoadedCheckpoint, dict[str, str]]:
     """The newest valid checkpoint of a training run directory and its files' sha256 sums
-    (``{"step-XXXXXXXX/<file>": digest}``); a clear error when there is none."""
+    (``{"step-<8-digit step>/<file>": digest}``); a clear error when there is none."""
     directory = Path(run_dir) / "checkpoints"
     loaded = CheckpointManager(directory).load_latest()
     if loaded is None:

@@ -39,6 +39,14 @@ def save_release(model: torch.nn.Module, directory: str | Path, provenance: dict
     return directory
 
 
+def artifact_class_name(path: str | Path) -> str | None:
+    """The ``_class_name`` in ``path/config.json`` (a release or diffusers folder), ``None`` without one."""
+    config_file = Path(path) / "config.json"
+    if not config_file.is_file():
+        return None
+    return json.loads(config_file.read_text()).get("_class_name")
+
+
 def resolve_artifact(path: str | Path) -> Path:
     """A release folder, or a training run directory (-> its ``release/``); clear error otherwise."""
     path = Path(path)

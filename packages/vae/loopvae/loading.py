@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from diffusers import AutoencoderKL
 
-from loopcore.checkpoint import CheckpointManager, load_run_checkpoint, model_weights, sha256_file
+from loopcore.checkpoint import (
+    CheckpointManager,
+    check_weight_choice,
+    load_run_checkpoint,
+    model_weights,
+    sha256_file,
+)
+from loopcore.release import artifact_class_name, resolve_artifact
 
 from .model import LoopVAE
 from .registry import create_model
@@ -41,11 +47,10 @@ def load_tokenizer(path: str | Path, weights: str = "ema") -> LoadedTokenizer:
         weights: for run directories: ``ema`` (default) or ``model`` (the raw training weights).
     """
     path = Path(path)
-    if weights not in ("ema", "model"):
-        raise ValueError(f"weights must be 'ema' or 'model', got {weights!r}")
+    check_weight_choice(weights)
     config_file = path / "config.json"
     if config_file.is_file():
-        class_name = json.loads(config_file.read_text()).get("_class_name")
+        class_name = artifact_class_name(path)
         files = _weights_files(path)
         if not files:
             raise FileNotFoundError(f"{path} has a config.json but no model.safetensors / diffusion_pytorch_model.*")
@@ -64,8 +69,6 @@ def load_tokenizer(path: str | Path, weights: str = "ema") -> LoadedTokenizer:
         config = load_train_config(str(path / "config.yaml"))
         loaded, digests = load_run_checkpoint(path)
         if config.init_from:
-            from loopcore.release import resolve_artifact
-
             model = LoopVAE.from_config(LoopVAE.load_config(resolve_artifact(config.init_from)))
         else:
             model = create_model(config.model, **config.model_overrides)
