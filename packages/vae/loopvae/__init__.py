@@ -2,7 +2,8 @@
 
 ``create_model(name, **overrides)`` builds any of ``list_models()``: ``loopvae-cnn-f8d16`` (paper
 main), ``loopvae-vit-f8d16``, ``loopvae-multi``, ``loopvae-cnn-tiny`` (CPU demo), ``sd-vae`` and
-``flux-vae`` (diffusers ``AutoencoderKL`` with the exact published configs).
+``flux-vae`` (diffusers ``AutoencoderKL`` with the exact published configs) and ``flux-vae-tiny`` (the
+FLUX layout at CPU size, the matched reference of the LoopVAE study).
 """
 
 from .model import DecoderPasses, LoopDecoder, LoopEncoder, LoopVAE

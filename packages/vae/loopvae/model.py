@@ -33,6 +33,8 @@ from .layers import Downsample, LatentProjection, OutputHead, PosteriorHead, Ste
 from .tiling import tiled_apply
 
 FUSIONS = ("none", "softmor")
+# What a config.json without a ``shortcuts`` key was built with (every release before the key existed).
+LEGACY_SHORTCUTS = True
 
 
 def _make_core(
@@ -70,15 +72,18 @@ class LoopEncoder(nn.Module):
     """Image ``(B, 3, H, W)`` -> posterior moments ``{factor: (B, 2 z_f, H/f, W/f)}``."""
 
     def __init__(
-        self, in_channels: int, width: int, loops: Sequence[int], heads: dict[int, int], **core_kwargs
+        self, in_channels: int, width: int, loops: Sequence[int], heads: dict[int, int], shortcuts: bool = False,
+        **core_kwargs,
     ) -> None:
         super().__init__()
         self.factors = [2 ** (s + 1) for s in range(len(loops))]
         groups = core_kwargs["norm_groups"]
-        self.stem = Stem(in_channels, width, groups)
+        self.stem = Stem(in_channels, width, groups, shortcuts=shortcuts)
         self.core = _make_core(width, loops=loops, **core_kwargs)
-        self.downs = nn.ModuleList(Downsample(width) for _ in range(len(loops) - 1))
-        self.heads = nn.ModuleDict({str(f): PosteriorHead(width, c, groups) for f, c in sorted(heads.items())})
+        self.downs = nn.ModuleList(Downsample(width, shortcuts) for _ in range(len(loops) - 1))
+        self.heads = nn.ModuleDict(
+            {str(f): PosteriorHead(width, c, groups, shortcuts=shortcuts) for f, c in sorted(heads.items())}
+        )
 
     def forward(self, x: torch.Tensor, factors: Sequence[int]) -> dict[int, torch.Tensor]:
         deepest = max(factors)
@@ -111,17 +116,18 @@ class LoopDecoder(nn.Module):
     """Latent ``(B, z_f, h, w)`` entering at factor ``f`` -> image ``(B, 3, f h, f w)``."""
 
     def __init__(
-        self, out_channels: int, width: int, loops: Sequence[int], entries: dict[int, int], **core_kwargs
+        self, out_channels: int, width: int, loops: Sequence[int], entries: dict[int, int], shortcuts: bool = False,
+        **core_kwargs,
     ) -> None:
         super().__init__()
         self.factors = [2 ** (len(loops) - s) for s in range(len(loops))]  # coarse -> fine
         groups = core_kwargs["norm_groups"]
         self.inputs = nn.ModuleDict(
-            {str(f): LatentProjection(c, width, groups) for f, c in sorted(entries.items())}
+            {str(f): LatentProjection(c, width, groups, shortcuts=shortcuts) for f, c in sorted(entries.items())}
         )
         self.core = _make_core(width, loops=loops, **core_kwargs)
-        self.ups = nn.ModuleList(Upsample(width) for _ in range(len(loops) - 1))
-        self.head = OutputHead(width, out_channels, groups)
+        self.ups = nn.ModuleList(Upsample(width, shortcuts) for _ in range(len(loops) - 1))
+        self.head = OutputHead(width, out_channels, groups, shortcuts=shortcuts)
 
     def forward(self, z: torch.Tensor, factor: int, return_passes: bool = False) -> torch.Tensor | DecoderPasses:
         start = self.factors.index(factor)
@@ -160,6 +166,9 @@ class LoopVAE(ReleaseLoadingMixin, ModelMixin, AutoencoderMixin, ConfigMixin):
         fusion_mode: SoftMoR mode when ``fusion='softmor'`` (``token`` default).
         norm_groups: GroupNorm groups in the conv blocks, stem and heads (32; narrow models want
             several channels per group, or the normalisation erases per-image colour statistics).
+        shortcuts: parameter-free DC-AE-style paths around the stem, transitions and heads (our
+            addition; see :mod:`loopvae.layers`). ``False`` is the paper's architecture and the default;
+            a ``config.json`` written before the key existed loads with ``True``, its old behaviour.
         sample_size: training resolution; also the default tile side for tiling.
         scaling_factor, shift_factor: latent normalisation for diffusion models
             (``z_model = (z - shift) * scale``), estimated from data by ``loopvae`` tooling.
@@ -192,6 +201,7 @@ class LoopVAE(ReleaseLoadingMixin, ModelMixin, AutoencoderMixin, ConfigMixin):
         fusion: str = "none",
         fusion_mode: str = "token",
         norm_groups: int = 32,
+        shortcuts: bool = False,
         sample_size: int = 256,
         scaling_factor: float = 1.0,
         shift_factor: float = 0.0,
@@ -224,11 +234,27 @@ class LoopVAE(ReleaseLoadingMixin, ModelMixin, AutoencoderMixin, ConfigMixin):
             kernel_size=kernel_size, expansion=expansion, sharing=sharing, fusion=fusion, fusion_mode=fusion_mode,
             norm_groups=norm_groups,
         )
-        self.encoder = LoopEncoder(in_channels, width, encoder_loops, latents, windows=encoder_windows, **core_kwargs)
-        self.decoder = LoopDecoder(out_channels, width, decoder_loops, latents, windows=decoder_windows, **core_kwargs)
+        self.encoder = LoopEncoder(
+            in_channels, width, encoder_loops, latents, shortcuts=shortcuts, windows=encoder_windows, **core_kwargs
+        )
+        self.decoder = LoopDecoder(
+            out_channels, width, decoder_loops, latents, shortcuts=shortcuts, windows=decoder_windows, **core_kwargs
+        )
         self.use_slicing = False
         self.use_tiling = False
         self.tile_sample_size = sample_size
+
+    @classmethod
+    def load_config(cls, *args, **kwargs):
+        """diffusers' ``load_config``, with ``shortcuts=True`` for configs saved before the key existed.
+
+        Every LoopVAE released before ``shortcuts`` became a key was built with the shortcuts on; the
+        constructor's default is now the paper's ``False``, so a missing key must not fall back to it.
+        """
+        loaded = super().load_config(*args, **kwargs)
+        config = loaded[0] if isinstance(loaded, tuple) else loaded
+        config.setdefault("shortcuts", LEGACY_SHORTCUTS)
+        return loaded
 
     # -- helpers ---------------------------------------------------------------------------------
     @property

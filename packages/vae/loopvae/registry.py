@@ -13,7 +13,7 @@ from typing import Any
 from torch import nn
 
 from .model import LoopVAE
-from .reference import FLUX_VAE_CONFIG, SD_VAE_CONFIG, reference_vae
+from .reference import FLUX_VAE_CONFIG, FLUX_VAE_TINY_CONFIG, SD_VAE_CONFIG, reference_vae
 
 _REGISTRY: dict[str, Callable[..., nn.Module]] = {}
 
@@ -34,8 +34,9 @@ LOOPVAE_MULTI: dict[str, Any] = dict(
     encoder_loops=(1, 1, 2, 3, 6), decoder_loops=(6, 3, 2, 1, 1),
     encoder_windows=(8, 8, None, None, None), decoder_windows=(None, None, None, 8, 8),
 )
-# CPU-sized model for demos and tests: same f8d16 graph, width 48 (a multiple of 12, 16 and 3, so every
-# residual shortcut of the stem, latent and RGB head applies), K=2.
+# CPU-sized model for demos, tests and the LoopVAE study: same f8d16 graph, width 48, K=2, no shortcuts
+# (48 is a multiple of 12, 16 and 3, so every shortcut of the stem, latent and RGB head applies in the
+# shortcuts=True ablation). The bundled trained model (assets/models/loopvae-cnn-tiny) has this config.
 LOOPVAE_CNN_TINY: dict[str, Any] = dict(
     width=48, num_blocks=2, block_type="conv", latent_channels=16, latent_factor=8,
     encoder_loops=(1, 2, 4), decoder_loops=(1, 2, 4), sample_size=128, norm_groups=8,
@@ -77,3 +78,6 @@ register_model("loopvae-multi")(_loopvae(LOOPVAE_MULTI))
 register_model("loopvae-cnn-tiny")(_loopvae(LOOPVAE_CNN_TINY))
 register_model("sd-vae")(lambda **overrides: reference_vae(SD_VAE_CONFIG, **overrides))
 register_model("flux-vae")(lambda **overrides: reference_vae(FLUX_VAE_CONFIG, **overrides))
+register_model("flux-vae-tiny")(
+    lambda **overrides: reference_vae(FLUX_VAE_TINY_CONFIG, **{"initial_logvar": -6.0, **overrides})
+)
