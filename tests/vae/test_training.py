@@ -14,6 +14,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from loopcore.checkpoint import CheckpointManager
 from loopvae import LoopVAE
+from loopvae import create_model as loopvae_create
+from loopvae.loading import load_artifact
 from loopvae.train_config import load_train_config
 from loopvae.trainer import NonFiniteLossError, Trainer, train
 from lv_testing import FAST, data_urls
@@ -152,3 +154,42 @@ def test_presets_resolve_and_validate(preset: str) -> None:
         gan = (config.lr, config.gan_start_step, config.gan_weight, config.adaptive_weight_max)
         assert gan == (5e-5, 5000, 0.5, 1e4)
         assert (config.discriminator, config.r1_gamma, config.r1_every, config.diffaug_cutout) == ("dino", 10, 16, 0.2)
+
+
+def test_the_tiny_reference_autoencoderkl_trains_with_the_same_recipe_and_its_release_loads(tmp_path: Path) -> None:
+    from diffusers import AutoencoderKL
+
+    from loopvae.evaluate import EvalOptions, evaluate
+
+    model = loopvae_create("flux-vae-tiny")
+    logvar_bias = model.encoder.conv_out.bias[model.encoder.conv_out.out_channels // 2:]
+    assert torch.equal(logvar_bias, torch.full_like(logvar_bias, -6.0))  # the posterior scale LoopVAE starts at
+    config = load_train_config("tiny-stage1", [*FAST, "model=flux-vae-tiny", "max_steps=20", "checkpoint_every=10"])
+    result = train(config, data_urls(), tmp_path / "ref")
+    totals = [h["total"] for h in result.history]
+    assert sum(totals[-3:]) < sum(totals[:3]), totals
+    metrics = evaluate(tmp_path / "ref", data_urls("val"), tmp_path / "eval",
+                       EvalOptions(resolution=64, batch_size=4, num_workers=0, lpips_net="none", device="cpu"))
+    assert metrics["model"]["class"] == "AutoencoderKL" and metrics["model"]["kind"] == "run-checkpoint"
+    released = evaluate(result.release_dir, data_urls("val"), tmp_path / "eval-release",
+                        EvalOptions(resolution=64, batch_size=4, num_workers=0, lpips_net="none", device="cpu"))
+    assert released["model"]["kind"] == "release" and released["num_images"] == 4
+    assert isinstance(load_artifact(result.release_dir), AutoencoderKL)
+    with pytest.raises(ValueError, match="deep_supervision_weight=0.5 needs a LoopVAE"):
+        Trainer(load_train_config("tiny-stage1", [*FAST, "model=flux-vae-tiny", "deep_supervision_weight=0.5"]),
+                data_urls(), tmp_path / "bad")
+
+
+def test_modulation_lr_scale_puts_the_conditioning_path_in_its_own_group() -> None:
+    from loopvae.trainer import conditioning_parameters, parameter_groups
+
+    vae = loopvae_create("loopvae-cnn-tiny")
+    conditioning = conditioning_parameters(vae)
+    names = {n for n, p in vae.named_parameters() if any(p is q for q in conditioning)}
+    assert names and all(".embedding." in n or ".modulation." in n for n in names)
+    assert {"encoder.core.embedding.loop.weight", "decoder.core.blocks.1.modulation.1.bias"} <= names
+    assert len(parameter_groups(vae, 1e-3, 1.0)) == 1  # old single-group optimizer state still resumes
+    rest, cond = parameter_groups(vae, 1e-3, 10.0)
+    assert cond["lr"] == pytest.approx(1e-2) and rest["lr"] == pytest.approx(1e-3)
+    assert len(rest["params"]) + len(cond["params"]) == len(list(vae.parameters()))
+    assert parameter_groups(loopvae_create("flux-vae-tiny"), 1e-3, 10.0)[0]["lr"] == pytest.approx(1e-3)

@@ -60,6 +60,24 @@ def resolve_artifact(path: str | Path) -> Path:
     )
 
 
+def load_release(cls: type, path: str | Path, torch_dtype: torch.dtype | None = None) -> torch.nn.Module:
+    """Build ``cls`` (a diffusers ``ConfigMixin`` model) from ``path/config.json`` and load
+    ``path/model.safetensors`` strictly; returns it in eval mode.
+
+    ``load_state_dict`` copies into the model's own tensors, so nothing stays mapped from the file.
+    """
+    path = Path(path)
+    model = cls.from_config(cls.load_config(path))
+    missing, unexpected = model.load_state_dict(load_file(path / WEIGHTS_NAME), strict=False)
+    if missing or unexpected:
+        raise ValueError(
+            f"{path / WEIGHTS_NAME} does not match its config.json: missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
+    if torch_dtype is not None:
+        model = model.to(torch_dtype)
+    return model.eval()
+
+
 class ReleaseLoadingMixin:
     """``from_pretrained`` for diffusers ``ModelMixin`` models that also reads release artifacts.
 
@@ -88,13 +106,4 @@ class ReleaseLoadingMixin:
 
     @classmethod
     def _from_release(cls, path: Path, torch_dtype: torch.dtype | None):
-        model = cls.from_config(cls.load_config(path))
-        missing, unexpected = model.load_state_dict(load_file(path / WEIGHTS_NAME), strict=False)
-        if missing or unexpected:
-            raise ValueError(
-                f"{path / WEIGHTS_NAME} does not match its config.json: missing {missing[:5]}, "
-                f"unexpected {unexpected[:5]}"
-            )
-        if torch_dtype is not None:
-            model = model.to(torch_dtype)
-        return model.eval()
+        return load_release(cls, path, torch_dtype)

@@ -15,7 +15,7 @@ from loopcore.checkpoint import (
     model_weights,
     sha256_file,
 )
-from loopcore.release import artifact_class_name, resolve_artifact
+from loopcore.release import WEIGHTS_NAME, artifact_class_name, load_release, resolve_artifact
 
 from .model import LoopVAE
 from .registry import create_model
@@ -37,6 +37,23 @@ def _weights_files(folder: Path) -> list[Path]:
     return [folder / n for n in names if (folder / n).is_file()]
 
 
+def load_artifact(path: str | Path, torch_dtype: torch.dtype | None = None) -> torch.nn.Module:
+    """A ``LoopVAE`` or ``AutoencoderKL`` from a release folder (``config.json`` + ``model.safetensors``,
+    what ``loopvae train`` writes for either) or a diffusers folder; eval mode."""
+    path = Path(path)
+    class_name = artifact_class_name(path)
+    if class_name == "LoopVAE":
+        return LoopVAE.from_pretrained(path, torch_dtype=torch_dtype).eval()
+    if class_name == "AutoencoderKL":
+        files = _weights_files(path)
+        if files and files[0].name == WEIGHTS_NAME:
+            return load_release(AutoencoderKL, path, torch_dtype)
+        return AutoencoderKL.from_pretrained(
+            path, local_files_only=True, low_cpu_mem_usage=False, torch_dtype=torch_dtype
+        ).eval()
+    raise ValueError(f"{path / 'config.json'}: unsupported _class_name {class_name!r} (LoopVAE or AutoencoderKL)")
+
+
 def load_tokenizer(path: str | Path, weights: str = "ema") -> LoadedTokenizer:
     """Load what ``--checkpoint`` names.
 
@@ -50,18 +67,12 @@ def load_tokenizer(path: str | Path, weights: str = "ema") -> LoadedTokenizer:
     check_weight_choice(weights)
     config_file = path / "config.json"
     if config_file.is_file():
-        class_name = artifact_class_name(path)
         files = _weights_files(path)
         if not files:
             raise FileNotFoundError(f"{path} has a config.json but no model.safetensors / diffusion_pytorch_model.*")
-        if class_name == "AutoencoderKL":
-            model = AutoencoderKL.from_pretrained(path, local_files_only=True, low_cpu_mem_usage=False)
-        elif class_name == "LoopVAE":
-            model = LoopVAE.from_pretrained(path)
-        else:
-            raise ValueError(f"{config_file}: unsupported _class_name {class_name!r} (LoopVAE or AutoencoderKL)")
-        return LoadedTokenizer(model.eval(), str(path), "release" if class_name == "LoopVAE" else "diffusers",
-                               {f.name: sha256_file(f) for f in files})
+        model = load_artifact(path)
+        kind = "release" if files[0].name == WEIGHTS_NAME else "diffusers"
+        return LoadedTokenizer(model, str(path), kind, {f.name: sha256_file(f) for f in files})
     manager = CheckpointManager(path / "checkpoints")
     if (path / "config.yaml").is_file() and manager.list_checkpoints():
         from .train_config import load_train_config
@@ -69,7 +80,9 @@ def load_tokenizer(path: str | Path, weights: str = "ema") -> LoadedTokenizer:
         config = load_train_config(str(path / "config.yaml"))
         loaded, digests = load_run_checkpoint(path)
         if config.init_from:
-            model = LoopVAE.from_config(LoopVAE.load_config(resolve_artifact(config.init_from)))
+            source = resolve_artifact(config.init_from)
+            cls = AutoencoderKL if artifact_class_name(source) == "AutoencoderKL" else LoopVAE
+            model = cls.from_config(cls.load_config(source))
         else:
             model = create_model(config.model, **config.model_overrides)
         model.load_state_dict(model_weights(loaded, weights))

@@ -30,6 +30,7 @@ class TrainConfig:
     max_steps: int = 1000
     lr: float = 1e-4
     weight_decay: float = 0.0
+    modulation_lr_scale: float = 1.0  # lr multiplier for the cores' embeddings and adaLN-Zero modulation
     betas: tuple[float, float] = (0.9, 0.95)
     warmup_steps: int = 0
     lr_schedule: str = "constant"
@@ -84,6 +85,8 @@ class TrainConfig:
                 raise ConfigError(f"{key} must be >= 1, got {getattr(self, key)}")
         if self.precision not in ("bf16", "fp32"):
             raise ConfigError(f"precision must be bf16 or fp32, got {self.precision!r}")
+        if self.modulation_lr_scale <= 0:
+            raise ConfigError(f"modulation_lr_scale must be > 0, got {self.modulation_lr_scale}")
         if self.lpips_net not in ("vgg", "alex"):
             raise ConfigError(f"lpips_net must be vgg or alex, got {self.lpips_net!r}")
         return self

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 import torchvision
+from diffusers import AutoencoderKL
 from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
@@ -28,6 +29,7 @@ from loopcore.training_loop import NonFiniteLossError, TrainingLoop, TrainResult
 
 from .diffaugment import diff_augment
 from .discriminators import build_discriminator, r1_penalty
+from .loading import load_artifact
 from .losses import LossWeights, ReconstructionObjective, hinge_d_loss, noisy_posterior_sample
 from .model import LoopVAE
 from .perceptual import PerceptualLoss
@@ -36,7 +38,7 @@ from .train_config import TrainConfig
 
 log = logging.getLogger("loopvae.train")
 
-__all__ = ["NonFiniteLossError", "ReconstructionStep", "TrainResult", "Trainer", "build_vae", "train"]
+__all__ = ["NonFiniteLossError", "ReconstructionStep", "TrainResult", "Trainer", "build_vae", "last_layer", "train"]
 
 
 class ReconstructionStep(nn.Module):
@@ -45,7 +47,7 @@ class ReconstructionStep(nn.Module):
     Returns ``(recon (B,3,H,W), posterior moments (B,2z,h,w), earlier finest-stage pass images)``.
     """
 
-    def __init__(self, vae: LoopVAE, noise_std: float, deep_supervision: bool) -> None:
+    def __init__(self, vae: LoopVAE | AutoencoderKL, noise_std: float, deep_supervision: bool) -> None:
         super().__init__()
         self.vae = vae
         self.noise_std = noise_std
@@ -60,17 +62,63 @@ class ReconstructionStep(nn.Module):
         return self.vae.decode(z).sample, posterior.parameters, []
 
 
-def build_vae(config: TrainConfig) -> LoopVAE:
-    """The model to train: the registered architecture, or the ``init_from`` artifact (stage 2)."""
+TRAINABLE = (LoopVAE, AutoencoderKL)
+
+
+def build_vae(config: TrainConfig) -> LoopVAE | AutoencoderKL:
+    """The model to train: the registered architecture, or the ``init_from`` artifact (stage 2).
+
+    LoopVAEs and the diffusers ``AutoencoderKL`` references (e.g. ``flux-vae-tiny``) train with the same
+    recipe, so a comparison between them differs only in the model.
+    """
     if config.init_from:
         source = resolve_artifact(config.init_from)
         if config.model_overrides:
             log.warning("model_overrides are ignored: the architecture comes from %s", source)
-        return LoopVAE.from_pretrained(source).train()
-    model = create_model(config.model, **config.model_overrides)
-    if not isinstance(model, LoopVAE):
-        raise ValueError(f"loopvae train trains LoopVAE models; {config.model!r} is a {type(model).__name__}")
+        model = load_artifact(source).train()
+    else:
+        model = create_model(config.model, **config.model_overrides)
+    if not isinstance(model, TRAINABLE):
+        raise ValueError(
+            f"loopvae train trains LoopVAE or AutoencoderKL models; {config.model!r} is a {type(model).__name__}"
+        )
+    if config.deep_supervision_weight > 0 and not isinstance(model, LoopVAE):
+        raise ValueError(
+            f"deep_supervision_weight={config.deep_supervision_weight} needs a LoopVAE (it supervises the passes of "
+            f"the decoder's finest stage); {config.model!r} is a {type(model).__name__}: set it to 0"
+        )
     return model
+
+
+def conditioning_parameters(vae: nn.Module) -> list[nn.Parameter]:
+    """The conditioning path of every looped core: the ``c = e_s + e_t`` embeddings and the blocks'
+    adaLN-Zero modulation linears (empty for models without looped cores)."""
+    return [p for name, p in vae.named_parameters() if ".embedding." in name or ".modulation." in name]
+
+
+def parameter_groups(vae: nn.Module, lr: float, conditioning_lr_scale: float) -> list[dict[str, Any]]:
+    """AdamW groups: the conditioning path at ``lr * conditioning_lr_scale``, everything else at ``lr``.
+
+    Why a separate rate: the modulation starts at exactly zero (adaLN-Zero), and Adam moves a gate by at
+    most about ``lr`` per step, so in a short run the looped blocks stay close to the identity while the
+    plain convolutions around them learn the reconstruction (measured: relative updates of 0.2-0.8% per
+    pass after 600 steps at scale 1). ``1.0`` is one group with one learning rate, as before the key
+    existed, so older checkpoints resume.
+    """
+    if conditioning_lr_scale == 1.0:
+        return [{"params": list(vae.parameters()), "lr": lr}]
+    conditioning = conditioning_parameters(vae)
+    ids = {id(p) for p in conditioning}
+    rest = [p for p in vae.parameters() if id(p) not in ids]
+    groups: list[dict[str, Any]] = [{"params": rest, "lr": lr}]
+    if conditioning:
+        groups.append({"params": conditioning, "lr": lr * conditioning_lr_scale})
+    return groups
+
+
+def last_layer(vae: LoopVAE | AutoencoderKL) -> torch.Tensor:
+    """Weight of the decoder's final RGB conv (the LDM adaptive GAN weight's reference layer)."""
+    return vae.get_last_layer() if isinstance(vae, LoopVAE) else vae.decoder.conv_out.weight
 
 
 class Trainer(TrainingLoop):
@@ -103,7 +151,8 @@ class Trainer(TrainingLoop):
             if self.ctx.distributed else step_module
         )
         self.optimizer = torch.optim.AdamW(
-            self.vae.parameters(), lr=config.lr, betas=tuple(config.betas), weight_decay=config.weight_decay
+            parameter_groups(self.vae, config.lr, config.modulation_lr_scale), lr=config.lr,
+            betas=tuple(config.betas), weight_decay=config.weight_decay,
         )
         self.scheduler = make_scheduler(
             self.optimizer, config.warmup_steps, config.max_steps, config.lr_schedule, config.min_lr_ratio
@@ -167,7 +216,7 @@ class Trainer(TrainingLoop):
             with self._autocast():
                 fake_logits = self.disc(diff_augment(recon.float(), cfg.diffaug_p, cfg.diffaug_cutout))
         terms = self.objective(
-            x, recon, posterior, self.step, fake_logits=fake_logits, last_layer=self.vae.get_last_layer(),
+            x, recon, posterior, self.step, fake_logits=fake_logits, last_layer=last_layer(self.vae),
             pass_recons=passes,
         )
         self.check_finite(terms.total, detail=str(terms.logs))
