@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup test lint demo bench study clean
+.PHONY: setup test lint demo bench study study-vae clean
 
 setup: $(STAMP)
 
@@ -32,6 +32,11 @@ bench: setup
 # The recurrence study on the shared CIFAR-10 shards (about 40 minutes on 2 CPU cores) -> docs/study_recursion.md.
 study: setup
 	$(BIN)/python benchmarks/study_recursion.py --out docs/study_recursion.md
+
+# The LoopVAE study on the shared ImageNet sample + Kodak (about two hours on 2 CPU cores) -> docs/study_loopvae.md;
+# it also rebuilds the bundled trained model in assets/models/loopvae-cnn-tiny.
+study-vae: setup
+	$(BIN)/python benchmarks/study_loopvae.py --out docs/study_loopvae.md --bundle assets/models/loopvae-cnn-tiny
 
 lint: setup
 	$(BIN)/ruff check packages pipelines tests benchmarks

@@ -124,15 +124,21 @@ def _profile(args: argparse.Namespace) -> int:
 
 
 def _add_demo(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="train, evaluate, intervene and profile the tiny model on the bundled images")
+    p = sub.add_parser("demo", help="a short training run, then evaluate, intervene and profile the bundled "
+                                     "trained tiny model on the bundled images")
     p.add_argument("--out", default="runs/demo")
+    p.add_argument("--train-steps", type=int, default=None,
+                   help="steps of the demo's own tiny-stage1 run (default 200; the bundled model is trained already)")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override tiny-stage1 config keys")
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
+    from .demo import DEMO_TRAIN_STEPS, run_demo
 
-    report = run_demo(args.out, args.set)
+    steps = DEMO_TRAIN_STEPS if args.train_steps is None else args.train_steps
+    if steps < 1:
+        raise ValueError(f"--train-steps must be >= 1, got {steps}")
+    report = run_demo(args.out, args.set, train_steps=steps)
     print(f"demo report: {report}")
     return 0
 

@@ -162,26 +162,41 @@ def render_markdown(rows: list[dict[str, Any]], reference: str | None = None) ->
     return "\n".join(lines)
 
 
+def _labelled_scatter(ax, points: list[tuple[str, float, float]]) -> None:
+    """Scatter ``(label, x, y)`` points with labels that do not overlap when points (nearly) coincide."""
+    placed: list[tuple[float, float]] = []
+    for i, (label, x, y) in enumerate(points):
+        ax.scatter(x, y, color=f"C{i % 10}", zorder=3)
+        # points within ~5% of an earlier one get their label stacked below the earlier labels
+        near = sum(1 for px, py in placed if abs(px - x) <= 0.05 * max(px, x) and abs(py - y) <= 0.05 * max(py, y))
+        ax.annotate(label, (x, y), xytext=(6, 4 - 11 * near), textcoords="offset points", fontsize=8,
+                    color=f"C{i % 10}")
+        placed.append((x, y))
+
+
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
-    """Params vs time and params vs MACs (the weights-versus-arithmetic picture)."""
+    """Params vs MACs (every row) and params vs time (the rows timed side by side in this run), log axes."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     timed = [r for r in rows if r["ms_per_image"] is not None]
-    fig, axes = plt.subplots(1, 2 if timed else 1, figsize=(10 if timed else 5, 4), squeeze=False)
+    fig, axes = plt.subplots(1, 2 if timed else 1, figsize=(11 if timed else 5.5, 4.2), squeeze=False)
     ax = axes[0][0]
-    for r in rows:
-        ax.scatter(r["params"] / 1e6, r["gmacs"])
-        ax.annotate(r["model"], (r["params"] / 1e6, r["gmacs"]), fontsize=7)
-    ax.set(xlabel="parameters (M)", ylabel="GMACs / image", title="weights vs arithmetic")
+    _labelled_scatter(ax, [(r["model"], r["params"] / 1e6, r["gmacs"]) for r in rows])
+    ax.set(xlabel="parameters (M)", ylabel="GMACs / image", title=f"weights vs arithmetic ({rows[0]['resolution']}²)",
+           xscale="log", yscale="log")
+    ax.margins(0.25)
+    ax.grid(alpha=0.3, which="both")
     if timed:
         ax = axes[0][1]
-        for r in timed:
-            ax.scatter(r["params"] / 1e6, r["ms_per_image"])
-            ax.annotate(r["model"], (r["params"] / 1e6, r["ms_per_image"]), fontsize=7)
-        ax.set(xlabel="parameters (M)", ylabel="ms / image", title=f"weights vs time ({timed[0]['device']})")
+        _labelled_scatter(ax, [(r["model"], r["params"] / 1e6, r["ms_per_image"]) for r in timed])
+        ax.set(xlabel="parameters (M)", ylabel="ms / image",
+               title=f"weights vs time, timed side by side ({timed[0]['device']}, batch {timed[0]['batch']}, "
+                     f"{timed[0]['dtype']})", xscale="log", yscale="log")
+        ax.margins(0.3)
+        ax.grid(alpha=0.3, which="both")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -1,0 +1,60 @@
+"""Data of the LoopVAE study: ImageNet-sample images split into training and held-out shards, plus Kodak.
+
+The shared ImageNet sample (800 images, one per class, ``../shared/data/imagenet-sample``) is split by
+sorted key: every ``holdout_every``-th image is held out of training (40 of 800 by default) and
+evaluated at 256^2; the rest train, together with the bundled Kodak crops kodim01-20. kodim21-24 (the
+bundled ``kodak-val``) are never trained on. Image bytes are copied unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import loopdata
+from loopdata.shards import expand_urls, iter_samples
+from loopdata.writer import TarShardWriter
+
+
+@dataclass
+class StudyData:
+    """Comma-separated shard lists of the study's splits."""
+
+    train: str  # ImageNet-sample minus the held-out images, plus kodim01-20
+    kodak_val: str  # kodim21-24
+    imagenet_holdout: str  # every holdout_every-th ImageNet-sample image by sorted key
+    num_train: int
+    num_holdout: int
+
+
+def prepare_study_data(shared: Path, out: Path, holdout_every: int = 20) -> StudyData:
+    """Write (once) ``out/imagenet-train-*.tar`` and ``out/imagenet-holdout-*.tar`` from ``shared``."""
+    source = shared / "imagenet-sample"
+    urls = expand_urls(str(source / "*.tar"))
+    if not urls:
+        raise FileNotFoundError(
+            f"no ImageNet-sample shards in {source}; the study needs ../shared/data (or LOOPVISION_SHARED_DATA)"
+        )
+    done = out / "DONE"
+    if not done.is_file():
+        samples = sorted((s for url in urls for s in iter_samples(url)), key=lambda s: s["__key__"])
+        with TarShardWriter(out, "imagenet-train") as train, TarShardWriter(out, "imagenet-holdout") as hold:
+            for i, sample in enumerate(samples):
+                members = {k: v for k, v in sample.items() if not k.startswith("__")}
+                (hold if i % holdout_every == 0 else train).add(sample["__key__"], members)
+        done.write_text(f"{len(samples)} samples, holdout_every={holdout_every}\n")
+    train_urls = expand_urls(str(out / "imagenet-train-*.tar"))
+    hold_urls = expand_urls(str(out / "imagenet-holdout-*.tar"))
+    kodak_train = [str(u) for u in loopdata.bundled_kodak_urls("train")]
+    n_train = sum(1 for u in train_urls for _ in iter_samples(u))
+    n_hold = sum(1 for u in hold_urls for _ in iter_samples(u))
+    return StudyData(
+        train=",".join(train_urls + kodak_train),
+        kodak_val=",".join(str(u) for u in loopdata.bundled_kodak_urls("val")),
+        imagenet_holdout=",".join(hold_urls), num_train=n_train + 20, num_holdout=n_hold,
+    )
+
+
+if __name__ == "__main__":
+    shared = loopdata.assets.find_shared_data()
+    print(prepare_study_data(shared, Path("runs/study-vae/data")))

@@ -1,0 +1,35 @@
+"""``loopvae demo`` end to end on the bundled images and the bundled trained model (short settings)."""
+
+import json
+from pathlib import Path
+
+from loopcore.checkpoint import sha256_file
+from loopvae.demo import TIMED_MODELS, bundled_model_dir, run_demo
+
+
+def test_demo_evaluates_intervenes_and_profiles_the_bundled_model(tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    report = run_demo(out, ["progress_bar=false"], log=lambda *a: None, train_steps=3, profile_iters=1)
+    text = report.read_text()
+    bundled = bundled_model_dir()
+    metrics = json.loads((out / "eval" / "metrics.json").read_text())
+    assert metrics["model"]["source"] == str(bundled) and metrics["num_images"] == 4
+    assert metrics["weights_sha256"]["model/model.safetensors"] == sha256_file(bundled / "model.safetensors")
+    short = json.loads((out / "eval-short-run" / "metrics.json").read_text())
+    assert short["model"]["kind"] == "run-checkpoint" and short["model"]["step"] == 3
+    interventions = json.loads((out / "interventions" / "interventions.json").read_text())
+    assert interventions["model"] == str(bundled) and len(interventions["stages"]) == 6
+    rows = {r["model"]: r for r in json.loads((out / "profile" / "profile.json").read_text())}
+    for name in TIMED_MODELS:  # timed side by side
+        assert rows[name]["ms_per_image"] is not None and rows[name]["ms_per_image"] > 0
+    assert rows["loopvae-cnn-f8d16"]["ms_per_image"] is None  # counted only
+    for path in ("eval/grid.png", "interventions/psnr_vs_passes.png", "profile/profile.png"):
+        assert (out / path).is_file(), path
+    # the report names the model of every section and shows the bundled model's numbers
+    assert "assets/models/loopvae-cnn-tiny" in text and "## Loop interventions (bundled model)" in text
+    assert f"| bundled LoopVAE tiny (f8, 16 latent channels) | 0.250 | {metrics['psnr']:.2f} |" in text
+    decoder_2x = next(s for s in interventions["stages"] if s["branch"] == "decoder" and s["scale"] == "2x")
+    assert " → ".join(f"{p['psnr']:.2f}" for p in decoder_2x["prefix"]) in text
+    # rerunning reuses the finished training run
+    again = run_demo(out, ["progress_bar=false"], log=lambda *a: None, train_steps=3, profile_iters=1).read_text()
+    assert "reused the finished 3-step run" in again
