@@ -14,6 +14,8 @@ from .checker import CheckReport, check_shards
 from .dataset import CorruptSampleError, ShardCountError, ShardDataset
 from .decode import DecodeError, decode_image
 from .distributed import RankShare, eval_plan, train_steps_per_epoch
+from .errors import NoUsableSamplesError, one_line
+from .keys import UnsafeKeyError
 from .loader import ShardLoader, make_loader
 from .shards import ShardReadError, expand_urls, shard_counts
 from .transforms import ClassificationOptions, ReconstructionOptions, make_options
@@ -23,6 +25,9 @@ __all__ = [
     "CheckReport",
     "ClassificationOptions",
     "CorruptSampleError",
+    "NoUsableSamplesError",
+    "UnsafeKeyError",
+    "one_line",
     "DecodeError",
     "RankShare",
     "ReconstructionOptions",

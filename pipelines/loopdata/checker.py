@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .decode import DecodeError, decode_pil, image_size
+from .keys import key_problem
 from .shards import (
     INFO_NAME,
     ShardReadError,
@@ -63,8 +64,11 @@ class ShardCheck:
         }
 
 
-def _check_sample(sample: dict[str, Any], decode: bool, result: ShardCheck) -> None:
+def _check_sample(sample: dict[str, Any], decode: bool, result: ShardCheck, max_pixels: int | None = None) -> None:
     key = sample["__key__"]
+    unsafe = key_problem(key)
+    if unsafe is not None:
+        result.problems.append(f"{key!r}: unsafe sample key ({unsafe}); loaders refuse it")
     ext = image_member(sample)
     if ext is None:
         members = sorted(k for k in sample if not k.startswith("__"))
@@ -72,9 +76,9 @@ def _check_sample(sample: dict[str, Any], decode: bool, result: ShardCheck) -> N
     else:
         try:
             if decode:
-                decode_pil(sample[ext])
+                decode_pil(sample[ext], max_pixels=max_pixels)
             else:
-                image_size(sample[ext])
+                image_size(sample[ext], max_pixels)
         except DecodeError as exc:
             result.decode_failures.append({"key": key, "reason": f".{ext}: {exc}"})
     label = None
@@ -97,8 +101,11 @@ def _check_sample(sample: dict[str, Any], decode: bool, result: ShardCheck) -> N
                 result.problems.append(f"{key}: .cls says {label} but .json label says {meta['label']}")
 
 
-def check_shard(url: str, decode: bool = True, info_entry: dict[str, Any] | None = None) -> ShardCheck:
-    """Check one shard (see module docstring). ``info_entry`` is its ``_info.json`` record, if any."""
+def check_shard(
+    url: str, decode: bool = True, info_entry: dict[str, Any] | None = None, max_pixels: int | None = None
+) -> ShardCheck:
+    """Check one shard (see module docstring). ``info_entry`` is its ``_info.json`` record, if any;
+    images above ``max_pixels`` (default :func:`loopdata.decode.default_max_pixels`) fail like corrupt ones."""
     result = ShardCheck(url)
     if is_local(url):
         try:
@@ -117,7 +124,7 @@ def check_shard(url: str, decode: bool = True, info_entry: dict[str, Any] | None
             seen.add(key)
             result.keys.append(key)
             result.num_samples += 1
-            _check_sample(sample, decode, result)
+            _check_sample(sample, decode, result, max_pixels)
     except ShardReadError as exc:
         result.problems.append(f"damaged tar after {result.num_samples} samples: {exc}")
     if result.decode_failures:
@@ -222,7 +229,8 @@ class CheckReport:
 
 
 def check_shards(
-    urls: Sequence[str], decode: bool = True, num_classes: int | None = None, workers: int = 1
+    urls: Sequence[str], decode: bool = True, num_classes: int | None = None, workers: int = 1,
+    max_pixels: int | None = None,
 ) -> CheckReport:
     """Check shards (see module docstring); ``workers > 1`` checks shards in parallel processes.
 
@@ -237,7 +245,8 @@ def check_shards(
                 entries[os.path.join(directory, name)] = entry
             for split in info.get("splits", {}).values():
                 recorded_classes = recorded_classes or split.get("num_classes")
-    args = [(u, decode, entries.get(os.path.join(os.path.dirname(u), os.path.basename(u)))) for u in urls]
+    args = [(u, decode, entries.get(os.path.join(os.path.dirname(u), os.path.basename(u))), max_pixels)
+            for u in urls]
     if workers > 1 and len(urls) > 1:
         with ProcessPoolExecutor(min(workers, len(urls))) as pool:
             shards = list(pool.map(check_shard, *zip(*args)))
@@ -248,7 +257,7 @@ def check_shards(
     notes: list[str] = []
     # Keys must be unique within a split; the same key in two splits (e.g. a full-resolution copy of a
     # validation image) is legitimate but worth knowing (train/val leakage), so it is a note.
-    split_of = {u: (e or {}).get("split") for u, _, e in args}
+    split_of = {u: (e or {}).get("split") for u, _, e, _ in args}
     owners: dict[str, str] = {}
     same_split, cross_split = [], []
     for s in shards:

@@ -22,7 +22,17 @@ from collections import defaultdict
 
 from . import bundle_kodak
 from .checker import check_shards
-from .shards import count_samples, expand_urls, is_local, local_path, shard_counts, split_entry, update_info
+from .errors import one_line
+from .shards import (
+    ShardReadError,
+    count_samples,
+    expand_urls,
+    is_local,
+    local_path,
+    shard_counts,
+    split_entry,
+    update_info,
+)
 from .writer import write_shards
 
 _SIZE_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "ki": 2**10, "mi": 2**20, "gi": 2**30}
@@ -85,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-classes", type=_positive_int, help="expected classes (default: from _info.json)")
     p.add_argument("--no-decode", action="store_true", help="check image headers only (faster)")
     p.add_argument("--workers", type=_positive_int, default=1, help="shards checked in parallel")
+    p.add_argument("--max-pixels", type=_positive_int, default=None,
+                   help="images with more pixels fail (decompression-bomb guard; default $LOOPDATA_MAX_PIXELS "
+                        "or 67108864)")
 
     p = sub.add_parser("info", help="per-shard sample counts; --write stores them in _info.json")
     p.add_argument("urls", nargs="+", help="shards")
@@ -125,7 +138,8 @@ def _write(args: argparse.Namespace) -> int:
 
 def _check(args: argparse.Namespace) -> int:
     report = check_shards(
-        expand_urls(args.urls), decode=not args.no_decode, num_classes=args.num_classes, workers=args.workers
+        expand_urls(args.urls), decode=not args.no_decode, num_classes=args.num_classes, workers=args.workers,
+        max_pixels=args.max_pixels,
     )
     print(json.dumps(report.to_dict(), indent=2) if args.json else report.format_text())
     return 0 if report.ok else 1
@@ -161,6 +175,6 @@ def main(argv: list[str] | None = None) -> int:
     handlers = {"write": _write, "check": _check, "info": _info, "bundle-kodak": bundle_kodak.run}
     try:
         return handlers[args.command](args)
-    except (ValueError, FileExistsError, FileNotFoundError) as exc:
-        print(f"loopdata {args.command}: error: {exc}", file=sys.stderr)
+    except (ValueError, FileExistsError, FileNotFoundError, NotADirectoryError, PermissionError, ShardReadError) as exc:
+        print(f"loopdata {args.command}: error: {one_line(exc)}", file=sys.stderr)
         return 2

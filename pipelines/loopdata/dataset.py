@@ -40,6 +40,8 @@ from .distributed import (
     train_steps_per_epoch,
     worker_role,
 )
+from .errors import NoUsableSamplesError
+from .keys import check_key
 from .shards import INFO_NAME, ShardReadError, image_member, iter_samples
 from .transforms import TaskTransforms
 
@@ -63,6 +65,7 @@ class _Item:
     image: torch.Tensor
     key: str
     label: int | None
+    shard: str
 
 
 @contextlib.contextmanager
@@ -89,6 +92,10 @@ class ShardDataset(IterableDataset):
         shuffle_buffer: samples held by the training shuffle buffer (<= 1 disables it).
         skip_corrupt: in evaluation, skip (and count) undecodable samples instead of raising.
         corrupt_counter: a shared ``multiprocessing.Value`` incremented for every skipped sample.
+        max_pixels: images with more pixels count as undecodable (default
+            :func:`loopdata.decode.default_max_pixels`).
+        first_pass_counter: like ``corrupt_counter``, for samples met in the first pass of a training epoch
+            only (each distinct corrupt sample once per epoch).
     """
 
     def __init__(
@@ -106,6 +113,8 @@ class ShardDataset(IterableDataset):
         shuffle_buffer: int = 1000,
         skip_corrupt: bool = False,
         corrupt_counter: Any = None,
+        max_pixels: int | None = None,
+        first_pass_counter: Any = None,
     ) -> None:
         super().__init__()
         if len(urls) != len(counts):
@@ -123,10 +132,25 @@ class ShardDataset(IterableDataset):
         self.shuffle_buffer = shuffle_buffer
         self.skip_corrupt = skip_corrupt
         self.corrupt_counter = corrupt_counter
+        self.first_pass_counter = first_pass_counter
+        self.max_pixels = max_pixels
         self.epoch = 0
         self.start_batch = 0
+        self.excluded_samples = 0
         if train:
             self.steps_per_epoch = train_steps_per_epoch(self.num_samples, world_size, batch_size)
+
+    def set_excluded(self, count: int) -> None:
+        """Plan training epochs over ``num_samples - count`` samples (``count`` known to be undecodable)."""
+        usable = self.num_samples - count
+        if usable < self.world_size * self.batch_size:
+            raise RuntimeError(
+                f"{count} of the {self.num_samples} training samples are undecodable: too few usable ones left for "
+                f"one batch of {self.batch_size} on each of {self.world_size} rank(s); run `loopdata check` on "
+                f"{self.urls[:2]}{'...' if len(self.urls) > 2 else ''}"
+            )
+        self.excluded_samples = count
+        self.steps_per_epoch = train_steps_per_epoch(usable, self.world_size, self.batch_size)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         info = get_worker_info()
@@ -136,22 +160,35 @@ class ShardDataset(IterableDataset):
         return self._eval_batches(worker, num_workers)
 
     # ---------------------------------------------------------------- sample handling
-    def _report(self, url: str, key: str, reason: str, fatal: bool) -> None:
+    def _report(self, url: str, key: str, reason: str, fatal: bool, first_pass: bool = True,
+                count: bool = True) -> None:
+        """Raise (``fatal``) or log and count an unusable sample.
+
+        ``first_pass``: the sample was met in the first pass over this epoch's data (later passes of a
+        training epoch meet the same samples again), counted in ``first_pass_counter`` too; ``count=False``:
+        already counted before a resume (the walk over the batches a resumed epoch skips).
+        """
         if fatal:
             raise CorruptSampleError(
                 f"{url}: sample {key!r}: {reason}. Fix or remove it (`loopdata check {url}` lists all "
-                "problems), or pass skip_corrupt=True to skip undecodable samples in evaluation"
+                "problems), or skip undecodable samples (`--skip-corrupt`, or skip_corrupt=True in make_loader)"
             )
+        if not count:
+            return
         total = 0
         if self.corrupt_counter is not None:
             with self.corrupt_counter.get_lock():
                 self.corrupt_counter.value += 1
                 total = self.corrupt_counter.value
+        if first_pass and self.first_pass_counter is not None:
+            with self.first_pass_counter.get_lock():
+                self.first_pass_counter.value += 1
         logger.warning(
             "loopdata: skipped corrupt sample %r in %s: %s (%d skipped so far)", key, url, reason, total
         )
 
     def _parse(self, url: str, sample: dict[str, Any]) -> tuple[bytes, int | None]:
+        check_key(sample["__key__"], url)  # fatal in training too: a hostile shard is not data to skip
         ext = image_member(sample)
         if ext is None:
             members = sorted(k for k in sample if not k.startswith("__"))
@@ -176,7 +213,7 @@ class ShardDataset(IterableDataset):
     def _load(self, url: str, sample: dict[str, Any], seed: int | None) -> _Item:
         data, label = self._parse(url, sample)
         try:
-            image = decode_image(data, self.transforms.draft_size)
+            image = decode_image(data, self.transforms.draft_size, self.max_pixels)
         except DecodeError as exc:
             raise _Corrupt(str(exc)) from None
         if seed is None:
@@ -184,7 +221,7 @@ class ShardDataset(IterableDataset):
         else:
             with _seeded(seed):
                 out = self.transforms.sample(image)
-        return _Item(out, sample["__key__"], label)
+        return _Item(out, sample["__key__"], label, url)
 
     def _validate(self, url: str, sample: dict[str, Any]) -> None:
         """Fail when :meth:`_load` would: same parsing, same decoder, but JPEGs at 1/8 scale (cheap).
@@ -193,13 +230,14 @@ class ShardDataset(IterableDataset):
         """
         data, _ = self._parse(url, sample)
         try:
-            decode_pil(data, 1)
+            decode_pil(data, 1, self.max_pixels)
         except DecodeError as exc:
             raise _Corrupt(str(exc)) from None
 
     def _collate(self, items: list[_Item], batch_seed: int | None) -> dict[str, Any]:
         images = self.transforms.normalize(torch.stack([item.image for item in items]))
-        batch: dict[str, Any] = {"image": images, "key": [item.key for item in items]}
+        batch: dict[str, Any] = {"image": images, "key": [item.key for item in items],
+                                 "shard": [item.shard for item in items]}
         if all(item.label is not None for item in items):
             batch["label"] = torch.tensor([item.label for item in items], dtype=torch.int64)
         if batch_seed is not None and (
@@ -310,7 +348,7 @@ class ShardDataset(IterableDataset):
                     f"rank {self.rank}: {empty_reads} resampled shards in a row held no samples"
                 )
 
-    def _train_stream(self, role: int, num_workers: int) -> Iterator[tuple[str, dict[str, Any]]]:
+    def _train_stream(self, role: int, num_workers: int) -> Iterator[tuple[str, dict[str, Any], bool]]:
         """The endless, shuffled sample stream of one (rank, worker role) for the current epoch.
 
         Permuted passes are shuffled pass by pass, so a small data set is a full permutation per pass
@@ -323,16 +361,17 @@ class ShardDataset(IterableDataset):
                 return stream
             return wds.shuffle(self.shuffle_buffer, initial=self.shuffle_buffer, rng=rng)(stream)
 
-        if self.resampled:
-            yield from shuffled(self._resampled_samples(role))
+        if self.resampled:  # no passes: every draw counts as new
+            for url, sample in shuffled(self._resampled_samples(role)):
+                yield url, sample, True
             return
         for pass_index in itertools.count():
             got = False
-            for item in shuffled(self._pass_samples(role, num_workers, pass_index)):
+            for url, sample in shuffled(self._pass_samples(role, num_workers, pass_index)):
                 got = True
-                yield item
+                yield url, sample, pass_index == 0
             if not got:
-                raise RuntimeError(
+                raise NoUsableSamplesError(
                     f"rank {self.rank} worker {role}: a full pass over its shards yielded no samples "
                     f"(shards: {self.urls[:3]}{'...' if len(self.urls) > 3 else ''}); "
                     "check them with `loopdata check`"
@@ -348,9 +387,10 @@ class ShardDataset(IterableDataset):
         to_skip = batch_index * self.batch_size
         produced, failures = 0, 0
         items: list[_Item] = []
-        for raw_index, (url, sample) in enumerate(stream):
+        for raw_index, (url, sample, first_pass) in enumerate(stream):
+            skipping = produced < to_skip
             try:
-                if produced < to_skip:
+                if skipping:
                     # Resuming: walk the same stream, checking decodability without augmenting, so the
                     # corrupt samples (and hence the batch boundaries) match the uninterrupted run.
                     self._validate(url, sample)
@@ -360,10 +400,10 @@ class ShardDataset(IterableDataset):
                 seed = derive_seed(self.seed, self.epoch, self.rank, role, raw_index)
                 items.append(self._load(url, sample, seed))
             except _Corrupt as exc:
-                self._report(url, sample["__key__"], str(exc), fatal=False)
+                self._report(url, sample["__key__"], str(exc), fatal=False, first_pass=first_pass, count=not skipping)
                 failures += 1
                 if failures > self.num_samples:
-                    raise RuntimeError(
+                    raise NoUsableSamplesError(
                         f"rank {self.rank} worker {role}: {failures} consecutive samples failed to decode; "
                         "the shards hold no usable image, run `loopdata check` on them"
                     ) from None

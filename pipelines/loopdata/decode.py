@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 import math
+import os
 import warnings
 
 import numpy as np
@@ -35,12 +36,37 @@ FORMAT_EXTS = {
 BACKGROUND = (255, 255, 255)
 
 
+# Decompression-bomb guard: images with more pixels are refused from their header, before any pixel is
+# decoded (a 385 KB PNG can hold 9500 x 9500 pixels, 270 MB decoded). 64 Mi pixels is 8192 x 8192, far
+# above any photo data set (ImageNet's largest are ~10 Mpx) and below Pillow's own warning threshold
+# (~89 Mpx), which Pillow only warns about. Override per call (``max_pixels=``, ``make_loader(max_pixels=)``,
+# ``loopdata check --max-pixels``) or for every tool with the ``LOOPDATA_MAX_PIXELS`` environment variable.
+DEFAULT_MAX_PIXELS = 64 * 2**20
+MAX_PIXELS_ENV = "LOOPDATA_MAX_PIXELS"
+
+
+def default_max_pixels() -> int:
+    """``$LOOPDATA_MAX_PIXELS`` when set (a positive integer), else :data:`DEFAULT_MAX_PIXELS`."""
+    raw = os.environ.get(MAX_PIXELS_ENV)
+    if raw is None:
+        return DEFAULT_MAX_PIXELS
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"{MAX_PIXELS_ENV}={raw!r} is not a positive integer (pixels per image)")
+    return value
+
+
 class DecodeError(ValueError):
-    """The bytes are not a decodable image; the message says why (empty, unknown format, truncated...)."""
+    """The bytes are not a decodable image; the message says why (empty, unknown format, truncated,
+    larger than the pixel limit...)."""
 
 
-def open_image(data: bytes) -> Image.Image:
-    """Open (lazily) an image from bytes, raising :class:`DecodeError` for empty or non-image data."""
+def open_image(data: bytes, max_pixels: int | None = None) -> Image.Image:
+    """Open (lazily) an image from bytes, raising :class:`DecodeError` for empty or non-image data and for
+    images with more than ``max_pixels`` pixels (default :func:`default_max_pixels`), read from the header."""
     if not data:
         raise DecodeError("empty image member (0 bytes)")
     try:
@@ -56,6 +82,13 @@ def open_image(data: bytes) -> Image.Image:
         raise DecodeError(f"cannot open image: {exc}") from exc
     if img.format not in FORMAT_EXTS:
         raise DecodeError(f"unsupported image format {img.format}; supported: {', '.join(FORMAT_EXTS)}")
+    limit = default_max_pixels() if max_pixels is None else max_pixels
+    width, height = img.size
+    if width * height > limit:
+        raise DecodeError(
+            f"{img.format} image of {width}x{height} = {width * height:,} pixels exceeds the limit of {limit:,} "
+            f"(decompression-bomb guard; raise it with max_pixels= or {MAX_PIXELS_ENV} if the image is genuine)"
+        )
     return img
 
 
@@ -93,21 +126,22 @@ def to_rgb(img: Image.Image) -> Image.Image:
     return img.convert("RGB")
 
 
-def decode_pil(data: bytes, min_size: int | None = None) -> Image.Image:
+def decode_pil(data: bytes, min_size: int | None = None, max_pixels: int | None = None) -> Image.Image:
     """Decode image bytes to an RGB PIL image.
 
     Args:
         data: encoded image bytes (JPEG, PNG, WebP, BMP, GIF, TIFF, PPM).
         min_size: if given, a JPEG may be decoded at reduced scale (draft mode) provided its shorter side
             stays >= ``min_size``. ``None`` decodes at full resolution.
+        max_pixels: pixel limit (see :func:`open_image`).
 
     Returns:
         An RGB image (8 bit per channel).
 
     Raises:
-        DecodeError: empty, unrecognised, truncated or otherwise undecodable bytes.
+        DecodeError: empty, unrecognised, truncated, oversized or otherwise undecodable bytes.
     """
-    img = open_image(data)
+    img = open_image(data, max_pixels)
     if min_size is not None and img.format == "JPEG":
         img.draft("RGB", draft_request(*img.size, min_size))
     try:
@@ -121,16 +155,16 @@ def decode_pil(data: bytes, min_size: int | None = None) -> Image.Image:
         raise DecodeError(f"corrupt or truncated {img.format} data: {exc}") from exc
 
 
-def decode_image(data: bytes, min_size: int | None = None) -> torch.Tensor:
+def decode_image(data: bytes, min_size: int | None = None, max_pixels: int | None = None) -> torch.Tensor:
     """Decode image bytes to a ``torch.uint8`` tensor of shape (3, H, W), values in [0, 255].
 
     See :func:`decode_pil` for ``min_size`` (JPEG draft decoding) and the errors raised. The tensor is a
     channels-last view (strides H*W*3 -> 1), which torchvision's uint8 resize kernels process fastest.
     """
-    return TF.pil_to_tensor(decode_pil(data, min_size))
+    return TF.pil_to_tensor(decode_pil(data, min_size, max_pixels))
 
 
-def image_size(data: bytes) -> tuple[int, int, str]:
+def image_size(data: bytes, max_pixels: int | None = None) -> tuple[int, int, str]:
     """``(width, height, format)`` from the header only; raises :class:`DecodeError` as :func:`open_image`."""
-    img = open_image(data)
+    img = open_image(data, max_pixels)
     return img.size[0], img.size[1], img.format

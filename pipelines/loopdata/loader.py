@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
 import logging
 import multiprocessing
 import os
+import signal
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -19,6 +22,36 @@ from .transforms import build_transforms, make_options
 logger = logging.getLogger("loopdata")
 
 
+def ignore_stop_signals(worker_id: int) -> None:
+    """DataLoader ``worker_init_fn``: workers ignore SIGTERM and SIGINT.
+
+    torchrun's agent (and Ctrl-C in a terminal) signals the whole process group. The main process turns
+    the signal into a checkpoint and a clean exit; a worker that died of it first would make the
+    DataLoader raise ``worker ... killed by signal`` before the main process could save.
+    """
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+_live_iterators: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _shut_down(batches: Any) -> None:
+    """Stop the worker processes of a DataLoader iterator (a no-op for ``num_workers=0``)."""
+    _live_iterators.discard(batches)
+    shutdown = getattr(batches, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
+
+
+@atexit.register
+def _shut_down_live_iterators() -> None:
+    # Registered after multiprocessing's own exit hook, so it runs first: a loader abandoned mid-epoch
+    # (its consumer raised) has its workers stopped before multiprocessing joins them.
+    for batches in list(_live_iterators):
+        _shut_down(batches)
+
+
 class ShardLoader:
     """Batches of one rank; a thin wrapper around :class:`torch.utils.data.DataLoader`.
 
@@ -27,6 +60,7 @@ class ShardLoader:
     * ``"image"``: float32 (N, 3, R, R); in [-1, 1] for reconstruction, mean/std-normalised for
       classification;
     * ``"key"``: list of N sample keys (str);
+    * ``"shard"``: list of N shard URLs the samples came from (keys are unique per shard set, not globally);
     * ``"label"``: int64 (N,) when every sample of the batch has a ``.cls``, or float32 (N, K) soft
       targets when classification training uses Mixup/CutMix.
 
@@ -48,6 +82,8 @@ class ShardLoader:
         self.pin_memory = pin_memory
         self.prefetch_factor = prefetch_factor
         self._next_batch = 0
+        self._corrupt_offset = 0  # skipped before this loader was made (restored from a checkpoint)
+        self.epoch_corrupt = 0  # distinct samples skipped in the last complete iteration (first pass only)
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -100,9 +136,29 @@ class ShardLoader:
 
     @property
     def corrupt_count(self) -> int:
-        """Samples (or shard remainders) skipped as undecodable since this loader was made, all workers."""
+        """Samples (or shard remainders) skipped as undecodable by this rank, all workers, over the whole
+        run (a resumed loader continues the count saved in :meth:`state_dict`)."""
         counter = self.dataset.corrupt_counter
-        return int(counter.value) if counter is not None else 0
+        return self._corrupt_offset + (int(counter.value) if counter is not None else 0)
+
+    @property
+    def excluded_samples(self) -> int:
+        """Samples left out of the training epoch plan because they were found undecodable."""
+        return self.dataset.excluded_samples
+
+    def exclude_corrupt(self, count: int) -> None:
+        """Plan later training epochs without ``count`` known-undecodable samples (summed over ranks).
+
+        An epoch is planned as ``floor(usable samples / (world_size * batch_size))`` batches; with corrupt
+        samples still counted, the end of every epoch would repeat good ones to fill the plan. The training
+        loop passes the corrupt samples all ranks skipped in the first epoch; the count is saved and
+        restored with :meth:`state_dict`, so a resumed run plans its epochs the same way.
+        """
+        if not self.dataset.train or count <= self.dataset.excluded_samples:
+            return
+        self.dataset.set_excluded(count)
+        logger.info("loopdata: %d undecodable sample(s) left out of the epoch plan: %d batches per epoch and rank",
+                    count, self.dataset.steps_per_epoch)
 
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
         """Select the epoch (and the first batch within it) of the next iteration.
@@ -124,8 +180,10 @@ class ShardLoader:
         self._next_batch = start_batch
 
     def state_dict(self) -> dict[str, int]:
-        """``{"epoch", "batch", "seed"}``: where the data stream is (``batch`` = next batch to yield)."""
-        return {"epoch": self.dataset.epoch, "batch": self._next_batch, "seed": self.dataset.seed}
+        """``{"epoch", "batch", "seed", "corrupt", "excluded"}``: where the data stream is (``batch`` = next
+        batch to yield), this rank's corrupt-sample count and the samples left out of the epoch plan."""
+        return {"epoch": self.dataset.epoch, "batch": self._next_batch, "seed": self.dataset.seed,
+                "corrupt": self.corrupt_count, "excluded": self.dataset.excluded_samples}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Resume from :meth:`state_dict`; the seed must match the one this loader was made with."""
@@ -134,6 +192,10 @@ class ShardLoader:
                 f"data state was saved with seed {state['seed']} but this loader uses seed "
                 f"{self.dataset.seed}; resume with the same seed for an identical data stream"
             )
+        if self.dataset.train:
+            self.dataset.set_excluded(int(state.get("excluded", 0)))
+        counter = self.dataset.corrupt_counter
+        self._corrupt_offset = int(state.get("corrupt", 0)) - (int(counter.value) if counter is not None else 0)
         self.set_epoch(int(state["epoch"]), int(state["batch"]))
 
     # ------------------------------------------------------------------ iteration
@@ -151,16 +213,31 @@ class ShardLoader:
             pin_memory=self.pin_memory,
             persistent_workers=False,
             generator=torch.Generator().manual_seed(self.dataset.seed),
+            worker_init_fn=ignore_stop_signals if self.num_workers > 0 else None,
             **kwargs,
         )
 
+    def _first_pass_count(self) -> int:
+        counter = self.dataset.first_pass_counter
+        return int(counter.value) if counter is not None else 0
+
     def __iter__(self) -> Iterator[dict[str, Any]]:
         skipped_before = self.corrupt_count
+        first_pass_before = self._first_pass_count()
         self._next_batch = self.dataset.start_batch
-        for batch in self._make_dataloader():
-            self._next_batch += 1
-            yield batch
+        batches = iter(self._make_dataloader())
+        _live_iterators.add(batches)
+        try:
+            for batch in batches:
+                self._next_batch += 1
+                yield batch
+        finally:
+            # The workers ignore SIGTERM (see ignore_stop_signals), so they must be told to stop: an
+            # error's traceback keeps this iterator alive, and multiprocessing would otherwise wait at exit
+            # for workers that never exit.
+            _shut_down(batches)
         skipped = self.corrupt_count - skipped_before
+        self.epoch_corrupt = self._first_pass_count() - first_pass_before
         if skipped:
             logger.warning(
                 "loopdata: rank %d skipped %d corrupt sample(s) in epoch %d",
@@ -190,6 +267,7 @@ def make_loader(
     resampled: bool = False,
     shuffle_buffer: int = 1000,
     skip_corrupt: bool = False,
+    max_pixels: int | None = None,
     pin_memory: bool = False,
     prefetch_factor: int | None = None,
     **task_options: Any,
@@ -212,6 +290,8 @@ def make_loader(
         shuffle_buffer: training shuffle-buffer size in samples.
         skip_corrupt: evaluation skips undecodable samples (counted and logged) instead of raising
             :class:`loopdata.CorruptSampleError`.
+        max_pixels: decompression-bomb guard: images with more pixels are treated as undecodable (skipped
+            and counted in training, named in evaluation); default ``$LOOPDATA_MAX_PIXELS`` or 64 Mi.
         pin_memory, prefetch_factor: passed to the DataLoader.
         **task_options: :class:`loopdata.ReconstructionOptions` or :class:`loopdata.ClassificationOptions`
             fields, e.g. ``scale=(1.0, 1.25)``, ``protocol="cifar"``, ``mixup_alpha=0.0``.
@@ -246,6 +326,7 @@ def make_loader(
             slots,
         )
     counter = multiprocessing.get_context().Value("q", 0)
+    first_pass = multiprocessing.get_context().Value("q", 0)
     dataset = ShardDataset(
         shard_urls,
         counts,
@@ -259,6 +340,8 @@ def make_loader(
         shuffle_buffer=shuffle_buffer,
         skip_corrupt=skip_corrupt,
         corrupt_counter=counter,
+        max_pixels=max_pixels,
+        first_pass_counter=first_pass,
     )
     loader = ShardLoader(dataset, num_workers, pin_memory=pin_memory, prefetch_factor=prefetch_factor)
     loader.set_epoch(epoch, start_batch)

@@ -45,6 +45,12 @@ def local_path(url: str) -> Path:
     return Path(url[len("file:") :] if url.startswith("file:") else url)
 
 
+def canonical_urls(urls: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str]:
+    """The shard list ``urls`` names, with local paths made absolute: the identity of a data set, so
+    that a run resumed from another directory (or with other patterns for the same shards) compares equal."""
+    return [str(local_path(u).resolve()) if is_local(u) else u for u in expand_urls(urls)]
+
+
 def _split_top_level(spec: str) -> list[str]:
     """Split on commas, whitespace and ``::`` that are not inside ``{...}`` brace patterns.
 

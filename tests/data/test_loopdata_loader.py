@@ -172,11 +172,11 @@ def test_resume_from_start_batch_reproduces_the_rest_of_the_epoch(make_shards):
 def test_state_dict_round_trip_and_epoch_advance(make_shards):
     urls = make_shards([10])
     loader = make_loader(urls, train=True, batch_size=2, num_workers=0, resolution=16, seed=5)
-    assert loader.state_dict() == {"epoch": 0, "batch": 0, "seed": 5}
+    assert loader.state_dict() == {"epoch": 0, "batch": 0, "seed": 5, "corrupt": 0, "excluded": 0}
     iterator = iter(loader)
     head = [next(iterator) for _ in range(2)]
     state = loader.state_dict()
-    assert state == {"epoch": 0, "batch": 2, "seed": 5}
+    assert state == {"epoch": 0, "batch": 2, "seed": 5, "corrupt": 0, "excluded": 0}
     rest = list(iterator)
     assert loader.epoch == 1 and loader.state_dict()["batch"] == 0
     resumed = make_loader(urls, train=True, batch_size=2, num_workers=0, resolution=16, seed=5)

@@ -36,9 +36,9 @@ def test_psnr_equals_numpy_on_the_saved_uint8_images(tiny_run, tmp_path: Path) -
     assert metrics["model"]["kind"] == "run-checkpoint" and metrics["model"]["step"] == 40
     assert any(k.endswith("model.pt") for k in metrics["weights_sha256"])
     psnrs = []
-    for rec in sorted((out / "images" / "reconstruction").glob("*.png")):
+    for rec in sorted((out / "images" / "reconstruction" / "kodak-val-000000").glob("*.png")):
         a = np.asarray(Image.open(rec), dtype=np.float64)
-        b = np.asarray(Image.open(out / "images" / "reference" / rec.name), dtype=np.float64)
+        b = np.asarray(Image.open(out / "images" / "reference" / "kodak-val-000000" / rec.name), dtype=np.float64)
         psnrs.append(10 * np.log10(255.0**2 / np.mean((a - b) ** 2)))
     assert len(psnrs) == 4
     # torchmetrics evaluates its log10 constants in float32: agreement is to ~1e-7 dB, not bit-exact

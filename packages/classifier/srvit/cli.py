@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from loopcore.config import ConfigError
+from loopcore.cli_errors import non_negative_int, positive_int
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
@@ -67,12 +67,14 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=_steps, default=DEFAULT_STEPS,
                    help="step counts for by_steps (default 3,6,12,24,48; '' to skip)")
     p.add_argument("--weights", choices=("ema", "model"), default="ema", help="for run directories")
-    p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--num-workers", type=int, default=2)
-    p.add_argument("--resolution", type=int, default=None, help="default: the model's img_size")
+    p.add_argument("--batch-size", type=positive_int, default=128)
+    p.add_argument("--num-workers", type=non_negative_int, default=2)
+    p.add_argument("--resolution", type=positive_int, default=None, help="default: the model's img_size")
     p.add_argument("--protocol", choices=("imagenet", "cifar"), default=None,
                    help="eval transform (default: the training run's protocol, else imagenet)")
-    p.add_argument("--limit", type=int, default=None, help="evaluate at most N images per rank")
+    p.add_argument("--limit", type=positive_int, default=None, help="evaluate at most N images per rank")
+    p.add_argument("--skip-corrupt", action="store_true",
+                   help="skip undecodable or oversized images (counted in metrics.json) instead of stopping")
     p.add_argument("--device", default="auto")
 
 
@@ -82,6 +84,7 @@ def _eval(args: argparse.Namespace) -> int:
     options = EvalOptions(
         steps=args.steps, batch_size=args.batch_size, num_workers=args.num_workers, resolution=args.resolution,
         protocol=args.protocol, limit=args.limit, weights=args.weights, device=args.device,
+        skip_corrupt=args.skip_corrupt,
     )
     try:
         metrics = evaluate(args.checkpoint, args.data, args.out, options)
@@ -101,11 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     _add_train(sub)
     _add_eval(sub)
     args = parser.parse_args(argv)
-    try:
-        return {"train": _train, "eval": _eval}[args.command](args)
-    except (ConfigError, FileNotFoundError, ValueError, KeyError) as err:
-        print(f"srvit {args.command}: {err}", file=sys.stderr)
-        return 2
+    from loopcore.cli_errors import run_command
+
+    return run_command("srvit", args.command, lambda: {"train": _train, "eval": _eval}[args.command](args))
 
 
 if __name__ == "__main__":

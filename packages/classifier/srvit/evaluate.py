@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 
 import loopdata
-from loopcore.distributed import gather_objects, init_distributed
+from loopcore.checkpoint import write_atomic
+from loopcore.distributed import gather_objects, init_distributed, sum_across_ranks
 
 from .loading import load_classifier
 from .model import RecursiveViT
@@ -112,6 +113,7 @@ class EvalOptions:
     weights: str = "ema"
     device: str = "auto"
     plot: bool = True
+    skip_corrupt: bool = False
 
 
 def evaluate(checkpoint: str | Path, data: str | list[str], out_dir: str | Path, options: EvalOptions) -> dict:
@@ -125,7 +127,7 @@ def evaluate(checkpoint: str | Path, data: str | list[str], out_dir: str | Path,
     loader = loopdata.make_loader(
         data, task="classification", train=False, batch_size=options.batch_size, num_workers=options.num_workers,
         resolution=resolution, rank=ctx.rank, world_size=ctx.world_size, protocol=protocol,
-        num_classes=cfg.num_classes,
+        num_classes=cfg.num_classes, skip_corrupt=options.skip_corrupt,
     )
     autocast = ctx.device.type == "cuda"
     counts = evaluate_model(model, loader, ctx.device, options.steps, autocast, options.limit, ctx)
@@ -136,6 +138,7 @@ def evaluate(checkpoint: str | Path, data: str | list[str], out_dir: str | Path,
         "top1": counts.top1 / n,
         "top5": counts.top5 / n,
         "num_images": n,
+        "skipped_corrupt": sum_across_ranks(loader.corrupt_count, ctx),
         "steps": cfg.recursion,
         "by_steps": {str(k): counts.by_steps[k] / n for k in sorted(counts.by_steps)},
         "training_horizon": cfg.recursion,
@@ -150,7 +153,7 @@ def evaluate(checkpoint: str | Path, data: str | list[str], out_dir: str | Path,
     if ctx.is_main:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
+        write_atomic(out / "metrics.json", json.dumps(metrics, indent=2))
         if options.plot and metrics["by_steps"]:
             plot_accuracy_vs_steps({"model": metrics["by_steps"]}, cfg.recursion, out / "accuracy_vs_steps.png")
     return metrics

@@ -28,6 +28,7 @@ from loopcore.flops import count_parameters
 from loopcore.run_logger import RunLogger
 from loopcore.schedule import make_scheduler
 from loopcore.training_loop import NonFiniteLossError, TrainingLoop, TrainResult
+from loopdata.shards import canonical_urls
 
 from .evaluate import evaluate_model
 from .model import RecursiveViT
@@ -83,49 +84,51 @@ class Trainer(TrainingLoop):
         self, config: TrainConfig, data: str | list[str], out_dir: str | Path, val_data: str | list[str] | None = None
     ) -> None:
         super().__init__(config.validate(), out_dir, "srvit")
-        dev = self.ctx.device
-        self.autocast = dev.type == "cuda" and config.precision == "bf16"
+        with self.abandon_on_error():
+            dev = self.ctx.device
+            self.autocast = dev.type == "cuda" and config.precision == "bf16"
 
-        torch.manual_seed(config.seed)  # identical initialisation on every rank
-        model = create_model(config.model, **config.model_kwargs())
-        if not isinstance(model, RecursiveViT):
-            raise ValueError(f"srvit train trains RecursiveViT models; {config.model!r} is {type(model).__name__}")
-        self.model = model.to(dev)
-        self.model.set_grad_checkpointing(config.gradient_checkpointing)
-        self.ema = EMA(self.model, config.ema_decay).to(dev)
-        step_module = SupervisedForward(self.model)
-        self.step_module = (
-            DistributedDataParallel(step_module, device_ids=[dev.index] if dev.type == "cuda" else None)
-            if self.ctx.distributed else step_module
-        )
-        self.loader = loopdata.make_loader(
-            data, task="classification", train=True, batch_size=config.batch_size, num_workers=config.num_workers,
-            resolution=config.resolution, rank=self.ctx.rank, world_size=self.ctx.world_size, seed=config.seed,
-            shuffle_buffer=config.shuffle_buffer, **config.data_options(),
-        )
-        self.val_loader = None
-        if val_data:
-            self.val_loader = loopdata.make_loader(
-                val_data, task="classification", train=False, batch_size=config.batch_size,
-                num_workers=config.num_workers, resolution=config.resolution, rank=self.ctx.rank,
-                world_size=self.ctx.world_size, protocol=config.protocol, num_classes=config.num_classes,
+            torch.manual_seed(config.seed)  # identical initialisation on every rank
+            model = create_model(config.model, **config.model_kwargs())
+            if not isinstance(model, RecursiveViT):
+                raise ValueError(f"srvit train trains RecursiveViT models; {config.model!r} is {type(model).__name__}")
+            self.model = model.to(dev)
+            self.model.set_grad_checkpointing(config.gradient_checkpointing)
+            self.ema = EMA(self.model, config.ema_decay).to(dev)
+            step_module = SupervisedForward(self.model)
+            self.step_module = (
+                DistributedDataParallel(step_module, device_ids=[dev.index] if dev.type == "cuda" else None)
+                if self.ctx.distributed else step_module
             )
-        steps_per_epoch = self.loader.num_batches
-        self._total_steps = config.total_steps(steps_per_epoch)
-        self.lr = config.learning_rate(self.ctx.world_size)
-        self.optimizer = torch.optim.AdamW(
-            parameter_groups(self.model, config.weight_decay), lr=self.lr, betas=tuple(config.betas)
-        )
-        self.scheduler = make_scheduler(
-            self.optimizer, config.warmup_steps(steps_per_epoch), self._total_steps, config.lr_schedule,
-            config.min_lr_ratio,
-        )
-        # Without mixing the labels are hard and smoothing belongs in the loss; with mixing the loader
-        # already smoothed the soft targets.
-        options = loopdata.make_options("classification", **config.data_options())
-        self.loss_smoothing = 0.0 if options.mixing else options.label_smoothing
-        self.validation: list[dict[str, float]] = []
-        self.resume()
+            self.loader = loopdata.make_loader(
+                data, task="classification", train=True, batch_size=config.batch_size, num_workers=config.num_workers,
+                resolution=config.resolution, rank=self.ctx.rank, world_size=self.ctx.world_size, seed=config.seed,
+                shuffle_buffer=config.shuffle_buffer, **config.data_options(),
+            )
+            self.val_loader = None
+            if val_data:
+                self.val_loader = loopdata.make_loader(
+                    val_data, task="classification", train=False, batch_size=config.batch_size,
+                    num_workers=config.num_workers, resolution=config.resolution, rank=self.ctx.rank,
+                    world_size=self.ctx.world_size, protocol=config.protocol, num_classes=config.num_classes,
+                )
+            steps_per_epoch = self.loader.num_batches
+            self._total_steps = config.total_steps(steps_per_epoch)
+            self.lr = config.learning_rate(self.ctx.world_size)
+            self.optimizer = torch.optim.AdamW(
+                parameter_groups(self.model, config.weight_decay), lr=self.lr, betas=tuple(config.betas)
+            )
+            self.scheduler = make_scheduler(
+                self.optimizer, config.warmup_steps(steps_per_epoch), self._total_steps, config.lr_schedule,
+                config.min_lr_ratio,
+            )
+            # Without mixing the labels are hard and smoothing belongs in the loss; with mixing the loader
+            # already smoothed the soft targets.
+            options = loopdata.make_options("classification", **config.data_options())
+            self.loss_smoothing = 0.0 if options.mixing else options.label_smoothing
+            self.validation: list[dict[str, float]] = []
+            self.data_spec = canonical_urls(data)
+            self.resume()
 
     @property
     def total_steps(self) -> int:
@@ -170,8 +173,7 @@ class Trainer(TrainingLoop):
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         logs: dict[str, float] = {"loss": float(loss.detach()), "loss_final": float(losses[-1].detach())}
-        if cfg.grad_clip > 0:
-            logs["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip))
+        logs["grad_norm"] = self.clip_and_check_gradients(list(self.model.parameters()), cfg.grad_clip)
         self.optimizer.step()
         self.scheduler.step()
         self.ema.update(self.model)

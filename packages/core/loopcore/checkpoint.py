@@ -2,10 +2,17 @@
 
 Layout (``<run>/checkpoints/step-00001000/``): one ``<name>.pt`` per state entry (model, EMA,
 optimizers, scheduler, trainer state, ...) holding only tensors and Python primitives, so
-``torch.load(..., weights_only=True)`` reads it, plus ``metadata.json`` with the step, free-form
-metadata and the sha256 of every file. A save is written to a temporary directory and renamed into
-place (``os.replace``), so a checkpoint directory either is complete or does not exist; a file
-damaged later is caught by its checksum and the previous checkpoint is used instead.
+``torch.load(..., weights_only=True)`` reads it, plus ``metadata.json`` with the format version, the
+step, free-form metadata and the sha256 of every file.
+
+Crash consistency: a save is written to ``.tmp-step-N-PID/`` with every file and the folder fsynced,
+then renamed into place (``os.replace``), so a checkpoint directory either is complete or does not
+exist. Re-saving an existing step moves the old copy to ``.old-step-N-PID/`` first and deletes it only
+after the new one is in place; :meth:`CheckpointManager.recover` (run at start-up) restores such an
+old copy when a crash left no new one, and removes stale temporary folders. A checkpoint whose
+metadata is malformed, whose files are missing or fail their checksum, or that lacks a required state
+entry is *corrupt*: it is reported and the previous one is used. A failed write (disk full, ...)
+raises :class:`CheckpointSaveError` and leaves the earlier checkpoints untouched.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +37,11 @@ FORMAT_VERSION = 1
 
 
 class CorruptCheckpointError(RuntimeError):
-    """A checkpoint directory is incomplete or a file fails its checksum or cannot be read."""
+    """A checkpoint directory is incomplete or inconsistent, or a file fails its checksum or cannot be read."""
+
+
+class CheckpointSaveError(RuntimeError):
+    """A checkpoint could not be written (e.g. the disk is full); earlier checkpoints are intact."""
 
 
 @dataclass
@@ -49,7 +61,62 @@ def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
-def _fsync_dir(path: Path) -> None:
+def write_durable(path: Path, data: bytes | str) -> None:
+    """Write ``data`` to ``path`` and fsync it (the caller renames or fsyncs the folder)."""
+    raw = data.encode() if isinstance(data, str) else data
+    with open(path, "wb") as f:
+        f.write(raw)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def write_atomic(path: str | Path, data: bytes | str) -> None:
+    """Replace ``path`` by ``data`` atomically: a reader sees the old file or the whole new one."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        write_durable(tmp, data)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    fsync_dir(path.parent)
+
+
+def _step_of(name: str) -> int | None:
+    match = _STEP_DIR.match(name)
+    return int(match.group(1)) if match else None
+
+
+def validate_metadata(path: Path, meta: Any, required: Sequence[str] = ()) -> dict[str, Any]:
+    """``meta`` (a parsed ``metadata.json``) if it is consistent with the checkpoint folder ``path``.
+
+    Raises :class:`CorruptCheckpointError` naming what is wrong: not a mapping, unknown format, a step
+    that disagrees with the folder name, a missing or malformed ``files`` table, or a ``required`` state
+    entry (``name`` for ``name.pt``) that the table does not list.
+    """
+    if not isinstance(meta, dict):
+        raise CorruptCheckpointError(f"checkpoint {path}: metadata.json holds a {type(meta).__name__}, not a mapping")
+    if meta.get("format") != FORMAT_VERSION:
+        raise CorruptCheckpointError(
+            f"checkpoint {path}: metadata.json format {meta.get('format')!r}, expected {FORMAT_VERSION}"
+        )
+    step = meta.get("step")
+    if not isinstance(step, int) or isinstance(step, bool) or step != _step_of(path.name):
+        raise CorruptCheckpointError(f"checkpoint {path}: metadata.json step {step!r} does not match the folder name")
+    files = meta.get("files")
+    if not isinstance(files, dict) or not files or not all(
+        isinstance(k, str) and k.endswith(".pt") and "/" not in k and isinstance(v, str) and len(v) == 64
+        for k, v in files.items()
+    ):
+        raise CorruptCheckpointError(f"checkpoint {path}: metadata.json has no valid 'files' table ({files!r:.80})")
+    missing = [name for name in required if f"{name}.pt" not in files]
+    if missing:
+        raise CorruptCheckpointError(f"checkpoint {path}: required state {missing} not in metadata.json")
+    return meta
+
+
+def fsync_dir(path: Path) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
@@ -71,12 +138,47 @@ class CheckpointManager:
         is_main: only the main rank writes; every rank may load.
     """
 
-    def __init__(self, directory: str | Path, keep_last: int = 3, is_main: bool = True) -> None:
+    def __init__(
+        self, directory: str | Path, keep_last: int = 3, is_main: bool = True, required: Sequence[str] = ()
+    ) -> None:
         if keep_last < 1:
             raise ValueError(f"keep_last must be >= 1, got {keep_last}")
         self.directory = Path(directory)
         self.keep_last = keep_last
         self.is_main = is_main
+        self.required = tuple(required)
+
+    def recover(self) -> list[str]:
+        """Clean up after a crash during a save (main rank, before training starts).
+
+        An ``.old-step-N-*`` copy is moved back to ``step-N`` when no ``step-N`` exists (the crash came
+        between moving it aside and installing the new copy) and deleted otherwise; ``.tmp-*`` folders
+        (unfinished saves) are deleted. Returns what was done, one line per folder.
+        """
+        if not self.is_main or not self.directory.is_dir():
+            return []
+        done = []
+        for entry in sorted(self.directory.iterdir()):
+            if not entry.is_dir():
+                continue
+            if entry.name.startswith(".old-"):
+                name = entry.name[len(".old-"):].rsplit("-", 1)[0]
+                final = self.directory / name
+                if _step_of(name) is not None and not final.exists():
+                    os.replace(entry, final)
+                    done.append(f"restored {final} from {entry.name}")
+                else:
+                    shutil.rmtree(entry, ignore_errors=True)
+                    done.append(f"removed stale {entry.name}")
+        for entry in sorted(self.directory.iterdir()):
+            if entry.is_dir() and entry.name.startswith(".tmp-"):
+                shutil.rmtree(entry, ignore_errors=True)
+                done.append(f"removed unfinished save {entry.name}")
+        if done:
+            fsync_dir(self.directory)
+            for line in done:
+                log.warning("checkpoints: %s", line)
+        return done
 
     def step_dir(self, step: int) -> Path:
         return self.directory / f"step-{step:08d}"
@@ -92,33 +194,52 @@ class CheckpointManager:
         return sorted(found, key=lambda p: int(_STEP_DIR.match(p.name).group(1)))
 
     def save(self, step: int, state: dict[str, Any], metadata: dict[str, Any] | None = None) -> Path | None:
-        """Write ``state`` (``{name: picklable-with-weights_only object}``) as the checkpoint of ``step``."""
+        """Write ``state`` (``{name: picklable-with-weights_only object}``) as the checkpoint of ``step``.
+
+        Raises :class:`CheckpointSaveError` when the write fails; nothing of it is left behind and the
+        earlier checkpoints are untouched.
+        """
         if not self.is_main:
             return None
-        self.directory.mkdir(parents=True, exist_ok=True)
         final = self.step_dir(step)
         tmp = self.directory / f".tmp-{final.name}-{os.getpid()}"
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir()
-        files = {}
-        for name, obj in state.items():
-            target = tmp / f"{name}.pt"
-            with open(target, "wb") as f:
-                torch.save(obj, f)
-                f.flush()
-                os.fsync(f.fileno())
-            files[target.name] = sha256_file(target)
-        meta = {
-            "format": FORMAT_VERSION, "step": step, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "files": files, **(metadata or {}),
-        }
-        (tmp / "metadata.json").write_text(json.dumps(meta, indent=2, sort_keys=True))
-        _fsync_dir(tmp)
-        if final.exists():  # the same step saved again (e.g. a signal right after a periodic save)
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        _fsync_dir(self.directory)
+        old: Path | None = None
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            if tmp.exists():
+                shutil.rmtree(tmp)
+            tmp.mkdir()
+            files = {}
+            for name, obj in state.items():
+                target = tmp / f"{name}.pt"
+                with open(target, "wb") as f:
+                    torch.save(obj, f)
+                    f.flush()
+                    os.fsync(f.fileno())
+                files[target.name] = sha256_file(target)
+            meta = {
+                "format": FORMAT_VERSION, "step": step, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "files": files, **(metadata or {}),
+            }
+            write_durable(tmp / "metadata.json", json.dumps(meta, indent=2, sort_keys=True))
+            fsync_dir(tmp)
+            if final.exists():  # the same step saved again (e.g. a signal right after a periodic save)
+                old = self.directory / f".old-{final.name}-{os.getpid()}"
+                os.replace(final, old)
+            os.replace(tmp, final)
+            fsync_dir(self.directory)
+        except OSError as err:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if old is not None and old.exists() and not final.exists():
+                os.replace(old, final)  # put the earlier copy of this step back
+            previous = [p.name for p in self.list_checkpoints()]
+            raise CheckpointSaveError(
+                f"could not write checkpoint {final}: {err.strerror or err} (errno {err.errno}). "
+                f"Earlier checkpoints are intact ({', '.join(previous) or 'none yet'}); free disk space or fix "
+                "the folder, then rerun the same command to resume"
+            ) from err
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
         self._prune()
         return final
 
@@ -126,16 +247,22 @@ class CheckpointManager:
         for old in self.list_checkpoints()[: -self.keep_last]:
             shutil.rmtree(old, ignore_errors=True)
 
-    def load(self, path: str | Path, map_location: str | torch.device = "cpu") -> LoadedCheckpoint:
-        """Load and verify one checkpoint directory; raises :class:`CorruptCheckpointError`."""
+    def load(
+        self, path: str | Path, map_location: str | torch.device = "cpu", required: Sequence[str] | None = None
+    ) -> LoadedCheckpoint:
+        """Load and verify one checkpoint directory; raises :class:`CorruptCheckpointError`.
+
+        ``required``: state entries that must be present (default: the manager's ``required``).
+        """
         path = Path(path)
         meta_path = path / "metadata.json"
         try:
             meta = json.loads(meta_path.read_text())
-        except (OSError, json.JSONDecodeError) as err:
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
             raise CorruptCheckpointError(f"checkpoint {path}: unreadable metadata.json ({err})") from err
+        meta = validate_metadata(path, meta, self.required if required is None else required)
         state = {}
-        for filename, digest in meta.get("files", {}).items():
+        for filename, digest in meta["files"].items():
             file = path / filename
             if not file.is_file():
                 raise CorruptCheckpointError(f"checkpoint {path}: file {filename} is missing")
@@ -149,13 +276,15 @@ class CheckpointManager:
                 state[file.stem] = torch.load(file, map_location=map_location, weights_only=True)
             except Exception as err:  # noqa: BLE001 - any unpickling failure means a bad file
                 raise CorruptCheckpointError(f"checkpoint {path}: cannot load {filename} ({err})") from err
-        return LoadedCheckpoint(path, int(meta["step"]), state, meta)
+        return LoadedCheckpoint(path, meta["step"], state, meta)
 
-    def load_latest(self, map_location: str | torch.device = "cpu") -> LoadedCheckpoint | None:
+    def load_latest(
+        self, map_location: str | torch.device = "cpu", required: Sequence[str] | None = None
+    ) -> LoadedCheckpoint | None:
         """The newest checkpoint that verifies; corrupt ones are reported (logged) and skipped."""
         for path in reversed(self.list_checkpoints()):
             try:
-                return self.load(path, map_location)
+                return self.load(path, map_location, required)
             except CorruptCheckpointError as err:
                 log.error("%s -- falling back to the previous checkpoint", err)
         return None

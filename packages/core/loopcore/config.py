@@ -43,6 +43,10 @@ def _coerce(name: str, value: Any, annotation: Any) -> Any:
             value = [v for v in value.split(",") if v]
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"config key {name!r} needs a list, got {value!r}")
+        if origin is tuple and args and args[-1] is not Ellipsis:  # fixed length: tuple[float, float]
+            if len(value) != len(args):
+                raise ConfigError(f"config key {name!r} needs {len(args)} values, got {len(value)}: {list(value)!r}")
+            return tuple(_coerce(name, v, a) for v, a in zip(value, args))
         inner = args[0] if args else Any
         items = [_coerce(name, v, inner) for v in value]
         return tuple(items) if origin is tuple else items

@@ -80,6 +80,15 @@ def any_rank(flag: bool, ctx: DistributedContext) -> bool:
     return bool(t.item() > 0)
 
 
+def sum_across_ranks(value: int, ctx: DistributedContext) -> int:
+    """The sum of an integer over ranks, on every rank."""
+    if not ctx.distributed:
+        return value
+    t = torch.tensor([value], device=ctx.device, dtype=torch.int64)
+    dist.all_reduce(t)
+    return int(t.item())
+
+
 def mean_across_ranks(values: dict[str, float], ctx: DistributedContext) -> dict[str, float]:
     """Average scalar metrics over ranks (for logging)."""
     if not ctx.distributed or not values:
@@ -114,3 +123,36 @@ def gather_objects(obj: object, ctx: DistributedContext) -> list[object]:
     out: list[object] = [None] * ctx.world_size
     dist.all_gather_object(out, obj)
     return out
+
+
+_FAILURE_KEY = "loopvision/failure"
+
+
+class RemoteRankError(RuntimeError):
+    """Another rank failed; the message carries its rank and one-line error."""
+
+
+def _store(ctx: DistributedContext):
+    if not ctx.distributed:
+        return None
+    getter = getattr(dist.distributed_c10d, "_get_default_store", None)
+    return getter() if getter is not None else None
+
+
+def report_failure(ctx: DistributedContext, message: str) -> None:
+    """Tell the other ranks, without a collective, that this rank failed (see :func:`reported_failure`)."""
+    store = _store(ctx)
+    if store is not None:
+        store.set(_FAILURE_KEY, f"rank {ctx.rank}: {message}")
+
+
+def reported_failure(ctx: DistributedContext) -> str | None:
+    """The failure another rank reported with :func:`report_failure`, or ``None``; never blocks.
+
+    Ranks with different amounts of work (evaluation splits) cannot all-reduce inside their loops; they
+    poll this between batches instead, so one rank's error stops every rank promptly.
+    """
+    store = _store(ctx)
+    if store is None or not store.check([_FAILURE_KEY]):
+        return None
+    return store.get(_FAILURE_KEY).decode()

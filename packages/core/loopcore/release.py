@@ -7,6 +7,7 @@ and ``RecursiveViT.from_pretrained(path)`` load them.
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import json
 import os
 import shutil
@@ -16,26 +17,47 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from loopcore.checkpoint import sha256_file
+from loopcore.checkpoint import CheckpointSaveError, fsync_dir, sha256_file, write_durable
 
 WEIGHTS_NAME = "model.safetensors"
 
 
 def save_release(model: torch.nn.Module, directory: str | Path, provenance: dict[str, Any] | None = None) -> Path:
-    """Atomically write ``model`` (a ``ConfigMixin`` model) as a release artifact in ``directory``."""
+    """Atomically and durably write ``model`` (a ``ConfigMixin`` model) as a release artifact in ``directory``.
+
+    Written to a temporary folder (every file fsynced), then swapped in: the old release, if any, is moved
+    aside and deleted only after the new one is in place. A failed write raises
+    :class:`loopcore.checkpoint.CheckpointSaveError` and leaves the old release as it was.
+    """
     directory = Path(directory)
     tmp = directory.with_name(f".tmp-{directory.name}-{os.getpid()}")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    model.save_config(tmp)
-    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    save_file(state, tmp / WEIGHTS_NAME, metadata={"format": "pt"})
-    info = {"weights": WEIGHTS_NAME, "sha256": sha256_file(tmp / WEIGHTS_NAME), **(provenance or {})}
-    (tmp / "release.json").write_text(json.dumps(info, indent=2, sort_keys=True))
-    if directory.exists():
-        shutil.rmtree(directory)
-    os.replace(tmp, directory)
+    old = directory.with_name(f".old-{directory.name}-{os.getpid()}")
+    try:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+        model.save_config(tmp)
+        state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+        save_file(state, tmp / WEIGHTS_NAME, metadata={"format": "pt"})
+        info = {"weights": WEIGHTS_NAME, "sha256": sha256_file(tmp / WEIGHTS_NAME), **(provenance or {})}
+        write_durable(tmp / "release.json", json.dumps(info, indent=2, sort_keys=True))
+        for name in ("config.json", WEIGHTS_NAME):
+            with open(tmp / name, "rb+") as f:
+                os.fsync(f.fileno())
+        fsync_dir(tmp)
+        if directory.exists():
+            os.replace(directory, old)
+        os.replace(tmp, directory)
+        fsync_dir(directory.parent)
+    except OSError as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old.exists() and not directory.exists():
+            os.replace(old, directory)
+        raise CheckpointSaveError(
+            f"could not write the release {directory}: {err.strerror or err} (errno {err.errno}); free disk space "
+            "and rerun the same command (the finished run resumes at its last step and writes the release)"
+        ) from err
+    shutil.rmtree(old, ignore_errors=True)
     return directory
 
 
@@ -60,6 +82,29 @@ def resolve_artifact(path: str | Path) -> Path:
     )
 
 
+def check_config_types(cls: type, config: dict[str, Any], source: str | Path) -> None:
+    """Raise ``ValueError`` naming ``source`` and the key when a value of ``config`` (a parsed
+    ``config.json``) does not have the type of ``cls.__init__``'s default for that key."""
+    for name, param in inspect.signature(cls.__init__).parameters.items():
+        if name not in config or param.default is inspect.Parameter.empty or param.default is None:
+            continue
+        value, default = config[name], param.default
+        if isinstance(default, bool):
+            ok, want = isinstance(value, bool), "true or false"
+        elif isinstance(default, int):
+            ok, want = isinstance(value, int) and not isinstance(value, bool), "an integer"
+        elif isinstance(default, float):
+            ok, want = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
+        elif isinstance(default, str):
+            ok, want = isinstance(value, str), "a string"
+        elif isinstance(default, (tuple, list)):
+            ok, want = value is None or isinstance(value, (list, tuple)), "a list"
+        else:
+            continue
+        if not ok:
+            raise ValueError(f"{source}: key {name!r} must be {want}, got {value!r}; fix or regenerate the file")
+
+
 def load_release(cls: type, path: str | Path, torch_dtype: torch.dtype | None = None) -> torch.nn.Module:
     """Build ``cls`` (a diffusers ``ConfigMixin`` model) from ``path/config.json`` and load
     ``path/model.safetensors`` strictly; returns it in eval mode.
@@ -68,7 +113,13 @@ def load_release(cls: type, path: str | Path, torch_dtype: torch.dtype | None = 
     """
     path = Path(path)
     model = cls.from_config(cls.load_config(path))
-    missing, unexpected = model.load_state_dict(load_file(path / WEIGHTS_NAME), strict=False)
+    try:
+        weights = load_file(path / WEIGHTS_NAME)
+    except Exception as err:  # noqa: BLE001 - safetensors raises its own SafetensorError, or OSError
+        raise ValueError(
+            f"{path / WEIGHTS_NAME} is not a readable safetensors file ({err}); the download or copy is damaged"
+        ) from None
+    missing, unexpected = model.load_state_dict(weights, strict=False)
     if missing or unexpected:
         raise ValueError(
             f"{path / WEIGHTS_NAME} does not match its config.json: missing {missing[:5]}, unexpected {unexpected[:5]}"
@@ -87,6 +138,16 @@ class ReleaseLoadingMixin:
     on unaligned weights and round differently (~1e-7). Copying makes a loaded model compute
     bit-identically to the one that was saved, and releases the file mapping.
     """
+
+    @classmethod
+    def load_config(cls, *args, **kwargs):
+        """diffusers' ``load_config``, plus a type check of every key against the constructor's defaults,
+        so a hand-edited ``config.json`` fails with the file and key instead of deep inside ``__init__``."""
+        loaded = super().load_config(*args, **kwargs)
+        config = loaded[0] if isinstance(loaded, tuple) else loaded
+        source = Path(args[0]) / "config.json" if args and Path(args[0]).is_dir() else (args[0] if args else "config")
+        check_config_types(cls, config, source)
+        return loaded
 
     @classmethod
     def from_pretrained(cls, *args, **kwargs):

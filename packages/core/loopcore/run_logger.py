@@ -79,17 +79,27 @@ class RunLogger:
             self.writer.close()
 
 
-def setup_run_logging(name: str, run_dir: Path, is_main: bool, rank: int) -> None:
-    """Send the ``name`` logger (and ``loopcore``'s) to stderr, and on the main rank to ``run_dir/train.log``.
+RUN_LOGGERS = ("loopcore", "loopdata")  # package loggers every run log also carries
 
-    Idempotent: handlers installed by an earlier call (an earlier run in the same process) are replaced.
-    """
-    root = logging.getLogger(name)
-    root.setLevel(logging.INFO)
-    for logger in (root, logging.getLogger("loopcore")):
+
+def teardown_run_logging(name: str) -> None:
+    """Remove (and close) the handlers :func:`setup_run_logging` installed for ``name``."""
+    for logger in (logging.getLogger(name), *(logging.getLogger(n) for n in RUN_LOGGERS)):
         for handler in list(logger.handlers):
             if getattr(handler, "_loopvision", False):
                 logger.removeHandler(handler)
+                handler.close()
+
+
+def setup_run_logging(name: str, run_dir: Path, is_main: bool, rank: int) -> None:
+    """Send the ``name`` logger and ``loopcore``'s and ``loopdata``'s (skipped corrupt samples, checkpoint
+    recovery) to stderr, and on the main rank to ``run_dir/train.log``.
+
+    Idempotent: handlers installed by an earlier call (an earlier run in the same process) are replaced.
+    """
+    teardown_run_logging(name)
+    root = logging.getLogger(name)
+    root.setLevel(logging.INFO)
     fmt = logging.Formatter(f"%(asctime)s [rank {rank}] %(levelname)s %(message)s")
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
     if is_main:
@@ -98,4 +108,8 @@ def setup_run_logging(name: str, run_dir: Path, is_main: bool, rank: int) -> Non
         handler.setFormatter(fmt)
         handler._loopvision = True  # type: ignore[attr-defined]
         root.addHandler(handler)
-    logging.getLogger("loopcore").addHandler(handlers[0])
+    for package in RUN_LOGGERS:
+        logger = logging.getLogger(package)
+        logger.setLevel(min(logger.getEffectiveLevel(), logging.INFO))
+        for handler in handlers:
+            logger.addHandler(handler)

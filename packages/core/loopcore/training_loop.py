@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,17 +22,54 @@ from typing import Any
 import torch
 from torch import nn
 
-from .checkpoint import CheckpointManager
-from .config import save_config
+from .checkpoint import CheckpointManager, CheckpointSaveError, write_atomic
+from .config import ConfigError, save_config
 from .determinism import seed_step, state_digest
-from .distributed import DistributedContext, any_rank, gather_objects, init_distributed, mean_across_ranks
+from .distributed import (
+    DistributedContext,
+    any_rank,
+    gather_objects,
+    init_distributed,
+    mean_across_ranks,
+    sum_across_ranks,
+)
 from .release import save_release
-from .run_logger import RunLogger, setup_run_logging
+from .run_lock import RunLock
+from .run_logger import RunLogger, setup_run_logging, teardown_run_logging
 from .signals import StopSignal
+
+# Config keys a resumed run may change: they decide when to stop, save and log, never what is computed.
+RESUMABLE_CHANGES = frozenset(
+    {"max_steps", "epochs", "checkpoint_every", "keep_checkpoints", "log_every", "image_every", "eval_every",
+     "progress_bar"}
+)
 
 
 class NonFiniteLossError(RuntimeError):
-    """The loss became NaN/Inf; the run stopped without writing a checkpoint."""
+    """The loss, the gradients or the state became NaN/Inf; the run stopped without writing a checkpoint."""
+
+
+def _json_normal(value: Any) -> Any:
+    """``value`` as it reads back from JSON (tuples become lists), for comparing saved and current configs."""
+    return json.loads(json.dumps(value, default=str))
+
+
+def first_non_finite(obj: Any, prefix: str = "") -> str | None:
+    """Name of the first floating tensor inside ``obj`` (nested dicts/lists) holding NaN/Inf, else ``None``."""
+    if isinstance(obj, torch.Tensor):
+        bad = obj.is_floating_point() and not bool(torch.isfinite(obj).all())
+        return (prefix or "tensor") if bad else None
+    if isinstance(obj, dict):
+        items = obj.items()
+    elif isinstance(obj, (list, tuple)):
+        items = enumerate(obj)
+    else:
+        return None
+    for key, value in items:
+        found = first_non_finite(value, f"{prefix}.{key}" if prefix else str(key))
+        if found is not None:
+            return found
+    return None
 
 
 @dataclass
@@ -70,15 +109,56 @@ class TrainingLoop:
         self.config = config
         self.ctx: DistributedContext = init_distributed(config.device)
         self.run_dir = Path(out_dir)
+        self.logger_name = logger_name
+        self.created_run_dir = not self.run_dir.exists()
+        # what this run adds to an existing folder, removed again if it fails before training
+        self._new_files = [self.run_dir / n for n in (".lock", "train.log") if not (self.run_dir / n).exists()]
+        self.lock: RunLock | None = None
         if self.ctx.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            save_config(config, self.run_dir / "config.yaml")
+            self.lock = RunLock(self.run_dir)  # before anything is written: a second run fails here
         setup_run_logging(logger_name, self.run_dir, self.ctx.is_main, self.ctx.rank)
         self.log = logging.getLogger(f"{logger_name}.train")
         self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", config.keep_checkpoints, self.ctx.is_main)
+        self.checkpoints.recover()
         self.step = 0
         self.resumed_from: Path | None = None
         self.loader: Any = None  # set by the subclass before resume()
+        self.data_spec: list[str] | None = None  # the shards trained on (set by the subclass), checked on resume
+
+    @contextmanager
+    def abandon_on_error(self) -> Iterator[None]:
+        """Wrap the rest of a subclass's ``__init__``: on any error, :meth:`abandon` and re-raise."""
+        try:
+            yield
+        except BaseException:
+            self.abandon()
+            raise
+
+    def clip_and_check_gradients(self, parameters: list[torch.nn.Parameter], max_norm: float) -> float:
+        """Clip the gradients to ``max_norm`` (no clipping when ``<= 0``) and stop every rank, before the
+        optimizer step, if their norm is NaN/Inf; returns the norm."""
+        norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm if max_norm > 0 else float("inf"))
+        self.check_finite(norm, "gradient norm")
+        return float(norm)
+
+    def abandon(self) -> None:
+        """Undo a construction that failed before training: close the run's log handlers and release its
+        lock; a folder this run created is removed, and in an existing one the files it added, as long as
+        no checkpoint was written."""
+        teardown_run_logging(self.logger_name)
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+        if not self.ctx.is_main or self.checkpoints.list_checkpoints():
+            return
+        if self.created_run_dir:
+            import shutil
+
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+            return
+        for path in self._new_files:
+            path.unlink(missing_ok=True)
 
     # -- template methods ----------------------------------------------------------------------
     @property
@@ -115,8 +195,18 @@ class TrainingLoop:
                 "trainer": {"step": self.step, "data": self.loader.state_dict(), **self.counters()}}
 
     def resume(self) -> None:
-        """Load the newest valid checkpoint, if any (call at the end of the subclass's ``__init__``)."""
-        loaded = self.checkpoints.load_latest(map_location=self.ctx.device)
+        """Load the newest valid checkpoint, if any, then write ``config.yaml`` (call at the end of the
+        subclass's ``__init__``).
+
+        A checkpoint made with another config (beyond :data:`RESUMABLE_CHANGES`) or other data is refused
+        with the differing keys, before any state is loaded and before ``config.yaml`` is touched.
+        """
+        required = [*self.model_state(), "trainer"]
+        loaded = self.checkpoints.load_latest(map_location=self.ctx.device, required=required)
+        if loaded is not None:
+            self.check_resumable(loaded.metadata)
+        if self.ctx.is_main:
+            save_config(self.config, self.run_dir / "config.yaml")
         if loaded is None:
             return
         self.load_model_state(loaded.state)
@@ -127,13 +217,56 @@ class TrainingLoop:
         self.resumed_from = loaded.path
         self.log.info("resumed from %s at step %d", loaded.path, self.step)
 
+    def check_resumable(self, metadata: dict[str, Any]) -> None:
+        """Raise :class:`ConfigError` when the checkpoint's config or data differ from this run's."""
+        saved, current = metadata.get("config"), _json_normal(asdict(self.config))
+        problems = []
+        if isinstance(saved, dict):
+            for key in sorted(set(saved) | set(current)):
+                if key not in RESUMABLE_CHANGES and saved.get(key) != current.get(key):
+                    problems.append(f"{key}: {saved.get(key)!r} in the checkpoint, {current.get(key)!r} now")
+        if metadata.get("data") is not None and self.data_spec is not None and metadata["data"] != self.data_spec:
+            problems.append(f"data: {len(metadata['data'])} shard(s) {metadata['data'][:2]}... in the checkpoint, "
+                            f"{len(self.data_spec)} shard(s) {self.data_spec[:2]}... now")
+        if problems:
+            raise ConfigError(
+                f"{self.run_dir} holds a run with another configuration; resuming would silently change it:\n  "
+                + "\n  ".join(problems)
+                + f"\nRerun with the original settings, or choose a new --out. Keys that may change on resume: "
+                f"{', '.join(sorted(RESUMABLE_CHANGES))}."
+            )
+
     def save(self, reason: str) -> None:
-        path = self.checkpoints.save(self.step, self.state(), {"reason": reason, "config": asdict(self.config)})
+        """Checkpoint the current state (main rank writes); every rank learns whether it worked.
+
+        Refuses (:class:`NonFiniteLossError`) to write a state holding NaN/Inf; a failed write raises
+        :class:`CheckpointSaveError` on every rank.
+        """
+        state = self.state()
+        bad = first_non_finite(state)
+        if any_rank(bad is not None, self.ctx):
+            last = self.checkpoints.list_checkpoints()
+            raise NonFiniteLossError(
+                f"non-finite values in {bad or 'the state of another rank'} at step {self.step}; refusing to save "
+                f"them. The last good checkpoint {last[-1] if last else '(none yet)'} is untouched"
+            )
+        error = None
+        try:
+            path = self.checkpoints.save(self.step, state, {"reason": reason, "config": asdict(self.config),
+                                                            "data": self.data_spec})
+        except CheckpointSaveError as err:
+            error, path = err, None
+        if any_rank(error is not None, self.ctx):
+            raise error or CheckpointSaveError(f"the main rank could not write the checkpoint of step {self.step}")
         if path is not None:
             self.log.info("checkpoint %s (%s)", path, reason)
 
     def check_finite(self, loss: torch.Tensor, what: str = "loss", detail: str = "") -> None:
-        """Stop every rank (without saving) when ``loss`` is NaN/Inf on any of them; ``detail``: the step's logs."""
+        """Stop every rank (without saving) when ``loss`` is NaN/Inf on any of them; ``detail``: the step's logs.
+
+        Trainers call it on the loss and on the gradient norm (before ``optimizer.step``), so a step whose
+        gradients are NaN while its loss is finite never reaches the weights.
+        """
         if any_rank(not bool(torch.isfinite(loss)), self.ctx):
             last = self.checkpoints.list_checkpoints()
             raise NonFiniteLossError(
@@ -154,8 +287,10 @@ class TrainingLoop:
                 while self.step < self.total_steps:
                     try:
                         batch = next(batches)
-                    except StopIteration:
-                        self.loader.set_epoch(self.loader.epoch + 1)
+                    except StopIteration:  # the loader has moved itself to the next epoch
+                        # Plan the next epochs without the samples found undecodable (summed over ranks, so
+                        # every rank keeps the same number of batches), or good ones would repeat.
+                        self.loader.exclude_corrupt(sum_across_ranks(self.loader.epoch_corrupt, ctx))
                         batches = iter(self.loader)
                         continue
                     seed_step(cfg.seed, ctx.rank, self.step)
@@ -216,7 +351,9 @@ class TrainingLoop:
             "world_size": self.ctx.world_size, "weights_sha256_per_rank": digests, "ranks": ranks,
             "last_logs": outcome.last_logs, "release": str(release) if release else None, **(summary or {}),
         }
-        (self.run_dir / "train_summary.json").write_text(json.dumps(data, indent=2))
+        write_atomic(self.run_dir / "train_summary.json", json.dumps(data, indent=2))
+        if self.lock is not None:  # the run is over: the folder may be trained on again
+            self.lock.release()
         return release
 
     def result(self, outcome: LoopOutcome, release: Path | None, validation: list | None = None) -> TrainResult:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from loopcore.config import ConfigError
+from loopcore.cli_errors import non_negative_int, positive_int
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
@@ -46,10 +46,13 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
                    help="release artifact, training run directory or diffusers VAE folder")
     p.add_argument("--data", required=True, help="WebDataset shards")
     p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--resolution", type=int, default=256)
-    p.add_argument("--limit", type=int, default=None, help="evaluate at most N images (in total over ranks)")
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--num-workers", type=int, default=2)
+    p.add_argument("--resolution", type=positive_int, default=256)
+    p.add_argument("--limit", type=positive_int, default=None, help="evaluate at most N images (in total over ranks)")
+    p.add_argument("--batch-size", type=positive_int, default=8)
+    p.add_argument("--num-workers", type=non_negative_int, default=2)
+    p.add_argument("--skip-corrupt", action="store_true",
+                   help="skip undecodable or oversized images (counted in metrics.json as skipped_corrupt) "
+                        "instead of stopping at the first one")
     p.add_argument("--fid-weights", default=None, help="torch-fidelity Inception weights (default: torch hub cache)")
     p.add_argument("--require-fid", action="store_true", help="fail instead of reporting rfid: null")
     p.add_argument("--lpips-net", choices=("vgg", "alex", "none"), default="alex",
@@ -68,7 +71,7 @@ def _eval(args: argparse.Namespace) -> int:
         resolution=args.resolution, limit=args.limit, batch_size=args.batch_size, num_workers=args.num_workers,
         fid_weights=args.fid_weights, require_fid=args.require_fid, lpips_net=args.lpips_net,
         lpips_weights=args.lpips_weights, lpips_random_backbone=args.lpips_random_backbone,
-        save_images=args.save_images, device=args.device,
+        save_images=args.save_images, device=args.device, skip_corrupt=args.skip_corrupt,
     )
     metrics = evaluate(args.checkpoint, args.data, args.out, options)
     rfid = "n/a" if metrics["rfid"] is None else f"{metrics['rfid']:.3f}"
@@ -83,8 +86,8 @@ def _add_intervene(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--data", required=True)
     p.add_argument("--out", required=True)
-    p.add_argument("--limit", type=int, default=16, help="number of images (the paper uses 16)")
-    p.add_argument("--resolution", type=int, default=256)
+    p.add_argument("--limit", type=positive_int, default=16, help="number of images (the paper uses 16)")
+    p.add_argument("--resolution", type=positive_int, default=256)
     p.add_argument("--device", default="cpu")
 
 
@@ -100,11 +103,11 @@ def _add_profile(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("profile", help="params, MACs, latency and peak memory of registered models")
     p.add_argument("--models", required=True, help="comma-separated registry names")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--resolution", type=int, default=256)
+    p.add_argument("--batch", type=positive_int, default=1)
+    p.add_argument("--resolution", type=positive_int, default=256)
     p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--warmup", type=non_negative_int, default=2)
+    p.add_argument("--iters", type=positive_int, default=5)
     p.add_argument("--macs-only", action="store_true", help="only count parameters and MACs (no timing)")
     p.add_argument("--out", required=True)
 
@@ -154,11 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     for add in (_add_train, _add_eval, _add_intervene, _add_profile, _add_demo):
         add(sub)
     args = parser.parse_args(argv)
-    try:
-        return COMMANDS[args.command](args)
-    except (ConfigError, FileNotFoundError, ValueError) as err:
-        print(f"loopvae {args.command}: error: {err}", file=sys.stderr)
-        return 2
+    from loopcore.cli_errors import run_command
+
+    return run_command("loopvae", args.command, lambda: COMMANDS[args.command](args))
 
 
 if __name__ == "__main__":

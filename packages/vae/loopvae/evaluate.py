@@ -18,7 +18,18 @@ import torchvision
 from PIL import Image
 
 import loopdata
-from loopcore.distributed import DistributedContext, gather_objects, init_distributed
+from loopcore.checkpoint import write_atomic
+from loopcore.distributed import (
+    DistributedContext,
+    RemoteRankError,
+    any_rank,
+    gather_objects,
+    init_distributed,
+    report_failure,
+    reported_failure,
+    sum_across_ranks,
+)
+from loopdata.keys import path_for_key
 
 from .loading import LoadedTokenizer, load_tokenizer
 from .metrics import bicubic_baseline, build_fid, psnr_per_image, ssim_per_image, to_uint8
@@ -41,6 +52,7 @@ class EvalOptions:
     save_images: bool = False
     grid_images: int = 8
     device: str = "auto"
+    skip_corrupt: bool = False  # skip (count and report) undecodable images instead of stopping
 
 
 def latent_values_per_pixel(model: torch.nn.Module) -> float:
@@ -67,12 +79,32 @@ def _save_png(array: torch.Tensor, path: Path) -> None:
     Image.fromarray(array.permute(1, 2, 0).cpu().numpy()).save(path)
 
 
+OUTPUT_SET = ("metrics.json", "per_image.json", "report.md", "grid.png", "images")
+
+
+def clear_previous_outputs(out: Path) -> None:
+    """Remove an earlier evaluation's files from ``out`` (metrics first), so a rerun never leaves a mix."""
+    import shutil
+
+    for name in OUTPUT_SET:
+        path = out / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+
+
 def evaluate(checkpoint: str | Path, data: str, out_dir: str | Path, options: EvalOptions) -> dict[str, Any]:
-    """Evaluate and write ``metrics.json``, ``report.md``, ``grid.png`` (+ images) to ``out_dir``."""
+    """Evaluate and write ``metrics.json``, ``report.md``, ``grid.png`` (+ images) to ``out_dir``.
+
+    A rerun replaces the whole output set; every file is written atomically. Under torchrun a rank that
+    fails stops the others promptly with its message.
+    """
     ctx = init_distributed(options.device)
     out = Path(out_dir)
     if ctx.is_main:
         out.mkdir(parents=True, exist_ok=True)
+        clear_previous_outputs(out)
     loaded: LoadedTokenizer = load_tokenizer(checkpoint)
     model = loaded.model.to(ctx.device)
     lpips_model = None
@@ -87,22 +119,63 @@ def evaluate(checkpoint: str | Path, data: str, out_dir: str | Path, options: Ev
     vpp = latent_values_per_pixel(model)
     loader = loopdata.make_loader(
         data, task="reconstruction", train=False, batch_size=options.batch_size, num_workers=options.num_workers,
-        resolution=options.resolution, rank=ctx.rank, world_size=ctx.world_size,
+        resolution=options.resolution, rank=ctx.rank, world_size=ctx.world_size, skip_corrupt=options.skip_corrupt,
     )
     quota = _rank_limit(options.limit, ctx)
     rows: list[dict[str, Any]] = []
     grid_ref, grid_rec = [], []
     baseline_size = None
-    if options.save_images and ctx.is_main:
-        (out / "images" / "reconstruction").mkdir(parents=True, exist_ok=True)
-        (out / "images" / "reference").mkdir(parents=True, exist_ok=True)
+    error: BaseException | None = None
+    try:
+        baseline_size = _evaluate_batches(loader, model, lpips_model, fid, vpp, quota, options, out, ctx, rows,
+                                          grid_ref, grid_rec)
+    except Exception as err:  # noqa: BLE001 - re-raised below, after telling the other ranks
+        error = err
+        report_failure(ctx, str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__)
+    if any_rank(error is not None, ctx):
+        if error is not None:
+            raise error
+        raise RemoteRankError(f"evaluation failed on another rank: {reported_failure(ctx) or 'see its log'}")
+    total = sum_across_ranks(len(rows), ctx)
+    rfid = float(fid.compute()) if fid is not None and total > 1 else None  # compute() is a collective
+    if fid is not None and rfid is None:
+        fid_reason = "FID needs at least 2 images"
+    all_rows = [r for part in gather_objects(rows, ctx) for r in part]
+    seen: dict[tuple[str, str], int] = {}
+    for r in all_rows:
+        seen[(r["shard"], r["key"])] = seen.get((r["shard"], r["key"]), 0) + 1
+    twice = [f"{key} ({shard})" for (shard, key), n in seen.items() if n > 1]
+    if twice:
+        raise RuntimeError(f"{len(twice)} image(s) were evaluated more than once across ranks: {twice[:5]}; "
+                           "the evaluation split is broken")
+    if not all_rows:
+        raise ValueError(f"no images were evaluated from {data}")
+    skipped = sum_across_ranks(loader.corrupt_count, ctx)
+    metrics = _summarise(all_rows, rfid, fid_reason, loaded, lpips_model, fid_path, options, data, baseline_size)
+    metrics["skipped_corrupt"] = skipped
+    if ctx.is_main:
+        write_atomic(out / "per_image.json", json.dumps(all_rows, indent=2))
+        if grid_ref:
+            grid = torchvision.utils.make_grid(torch.stack(grid_ref + grid_rec), nrow=len(grid_ref))
+            _save_png(grid, out / "grid.png")
+        write_atomic(out / "report.md", render_report(metrics, has_grid=bool(grid_ref)))
+        write_atomic(out / "metrics.json", json.dumps(metrics, indent=2))  # last: its presence means done
+    return metrics
+
+
+def _evaluate_batches(loader, model, lpips_model, fid, vpp, quota, options, out, ctx, rows, grid_ref, grid_rec):
+    """The per-batch loop of :func:`evaluate` (no collectives: ranks may run different batch counts)."""
+    baseline_size = None
     for batch in loader:
-        images, keys = batch["image"], list(batch["key"])
+        peer = reported_failure(ctx)
+        if peer is not None:
+            raise RemoteRankError(f"stopping: another rank failed ({peer})")
+        images, keys, shards = batch["image"], list(batch["key"]), list(batch["shard"])
         if quota is not None:
             room = quota - len(rows)
             if room <= 0:
                 break
-            images, keys = images[:room], keys[:room]
+            images, keys, shards = images[:room], keys[:room], shards[:room]
         images = images.to(ctx.device)
         recon = reconstruct(model, images)
         ref_u8, rec_u8 = to_uint8(images), to_uint8(recon)
@@ -116,34 +189,30 @@ def evaluate(checkpoint: str | Path, data: str, out_dir: str | Path, options: Ev
             fid.update(ref_u8, real=True)
             fid.update(rec_u8, real=False)
         for i, key in enumerate(keys):
-            rows.append({"key": key, "psnr": float(psnr[i]), "ssim": float(ssim[i]),
+            rows.append({"key": key, "shard": shards[i], "psnr": float(psnr[i]), "ssim": float(ssim[i]),
                          "lpips": None if lp[i] is None else float(lp[i]),
                          "bicubic_psnr": float(bic_psnr[i]), "bicubic_ssim": float(bic_ssim[i])})
         if options.save_images:
             for i, key in enumerate(keys):
-                _save_png(rec_u8[i], out / "images" / "reconstruction" / f"{key}.png")
-                _save_png(ref_u8[i], out / "images" / "reference" / f"{key}.png")
+                for kind, array in (("reconstruction", rec_u8[i]), ("reference", ref_u8[i])):
+                    # one folder per shard: two shard sets may share a key (kodak-val and kodak-full)
+                    folder = out / "images" / kind / shard_folder(shards[i])
+                    path = path_for_key(folder, key, ".png")  # never outside --out
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    _save_png(array, path)
         if len(grid_ref) < options.grid_images:
             grid_ref.extend(ref_u8[: options.grid_images - len(grid_ref)].cpu())
             grid_rec.extend(rec_u8[: options.grid_images - len(grid_rec)].cpu())
-    rfid = float(fid.compute()) if fid is not None and fid.real_features_num_samples > 1 else None
-    if fid is not None and rfid is None:
-        fid_reason = "FID needs at least 2 images"
-    all_rows = [r for part in gather_objects(rows, ctx) for r in part]
-    keys = [r["key"] for r in all_rows]
-    if len(keys) != len(set(keys)):
-        raise RuntimeError("an image was evaluated twice across ranks; the evaluation split is broken")
-    if not all_rows:
-        raise ValueError(f"no images were evaluated from {data}")
-    metrics = _summarise(all_rows, rfid, fid_reason, loaded, lpips_model, fid_path, options, data, baseline_size)
-    if ctx.is_main:
-        (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
-        (out / "per_image.json").write_text(json.dumps(all_rows, indent=2))
-        if grid_ref:
-            grid = torchvision.utils.make_grid(torch.stack(grid_ref + grid_rec), nrow=len(grid_ref))
-            _save_png(grid, out / "grid.png")
-        (out / "report.md").write_text(render_report(metrics, has_grid=bool(grid_ref)))
-    return metrics
+    return baseline_size
+
+
+def shard_folder(url: str) -> str:
+    """The folder name of a shard's saved images: its file name without ``.tar`` (e.g. ``kodak-val-000000``)."""
+    import re
+
+    name = url.rstrip("/").rsplit("/", 1)[-1]
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", name[: -len(".tar")] if name.endswith(".tar") else name)
+    return name if name.strip(".") else "shard"
 
 
 def _mean(rows: list[dict[str, Any]], key: str) -> float:

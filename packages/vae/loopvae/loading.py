@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from loopcore.checkpoint import (
     sha256_file,
 )
 from loopcore.release import WEIGHTS_NAME, artifact_class_name, load_release, resolve_artifact
+from loopdata import one_line
 
 from .model import LoopVAE
 from .registry import create_model
@@ -41,16 +43,22 @@ def load_artifact(path: str | Path, torch_dtype: torch.dtype | None = None) -> t
     """A ``LoopVAE`` or ``AutoencoderKL`` from a release folder (``config.json`` + ``model.safetensors``,
     what ``loopvae train`` writes for either) or a diffusers folder; eval mode."""
     path = Path(path)
-    class_name = artifact_class_name(path)
-    if class_name == "LoopVAE":
-        return LoopVAE.from_pretrained(path, torch_dtype=torch_dtype).eval()
-    if class_name == "AutoencoderKL":
-        files = _weights_files(path)
-        if files and files[0].name == WEIGHTS_NAME:
-            return load_release(AutoencoderKL, path, torch_dtype)
-        return AutoencoderKL.from_pretrained(
-            path, local_files_only=True, low_cpu_mem_usage=False, torch_dtype=torch_dtype
-        ).eval()
+    try:
+        class_name = artifact_class_name(path)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path / 'config.json'} is not valid JSON ({err})") from None
+    try:
+        if class_name == "LoopVAE":
+            return LoopVAE.from_pretrained(path, torch_dtype=torch_dtype).eval()
+        if class_name == "AutoencoderKL":
+            files = _weights_files(path)
+            if files and files[0].name == WEIGHTS_NAME:
+                return load_release(AutoencoderKL, path, torch_dtype)
+            return AutoencoderKL.from_pretrained(
+                path, local_files_only=True, low_cpu_mem_usage=False, torch_dtype=torch_dtype
+            ).eval()
+    except (OSError, RuntimeError, TypeError) as err:  # diffusers' errors for unreadable weights / configs
+        raise ValueError(f"cannot load the {class_name} in {path}: {one_line(err)}") from err
     raise ValueError(f"{path / 'config.json'}: unsupported _class_name {class_name!r} (LoopVAE or AutoencoderKL)")
 
 

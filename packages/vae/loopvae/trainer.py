@@ -26,6 +26,7 @@ from loopcore.release import resolve_artifact
 from loopcore.run_logger import RunLogger
 from loopcore.schedule import make_scheduler
 from loopcore.training_loop import NonFiniteLossError, TrainingLoop, TrainResult
+from loopdata.shards import canonical_urls
 
 from .diffaugment import diff_augment
 from .discriminators import build_discriminator, r1_penalty
@@ -126,50 +127,52 @@ class Trainer(TrainingLoop):
 
     def __init__(self, config: TrainConfig, data: str | list[str], out_dir: str | Path) -> None:
         super().__init__(config.validate(), out_dir, "loopvae")
-        dev = self.ctx.device
-        self.autocast = dev.type == "cuda" and config.precision == "bf16"
+        with self.abandon_on_error():
+            dev = self.ctx.device
+            self.autocast = dev.type == "cuda" and config.precision == "bf16"
 
-        torch.manual_seed(config.seed)  # identical initialisation on every rank
-        self.vae = build_vae(config).to(dev)
-        self.memory_format = torch.channels_last if config.channels_last else torch.contiguous_format
-        self.vae = self.vae.to(memory_format=self.memory_format)
-        if config.gradient_checkpointing:
-            self.vae.enable_gradient_checkpointing()
-        self.ema = EMA(self.vae, config.ema_decay).to(dev)
-        perceptual = None
-        if config.perceptual_weight > 0:
-            perceptual = PerceptualLoss(config.lpips_net, config.lpips_weights).to(dev)
-        weights = LossWeights(
-            l1=config.l1_weight, perceptual=config.perceptual_weight, kl=config.kl_weight, gan=config.gan_weight,
-            gan_start_step=config.gan_start_step, adaptive_weight_max=config.adaptive_weight_max,
-            deep_supervision=config.deep_supervision_weight,
-        )
-        self.objective = ReconstructionObjective(weights, perceptual)
-        step_module = ReconstructionStep(self.vae, config.latent_noise_std, config.deep_supervision_weight > 0)
-        self.step_module = (
-            DistributedDataParallel(step_module, device_ids=[dev.index] if dev.type == "cuda" else None)
-            if self.ctx.distributed else step_module
-        )
-        self.optimizer = torch.optim.AdamW(
-            parameter_groups(self.vae, config.lr, config.modulation_lr_scale), lr=config.lr,
-            betas=tuple(config.betas), weight_decay=config.weight_decay,
-        )
-        self.scheduler = make_scheduler(
-            self.optimizer, config.warmup_steps, config.max_steps, config.lr_schedule, config.min_lr_ratio
-        )
-        self.disc = self.d_optimizer = None
-        if config.stage == 2:
-            self.disc = build_discriminator(config.discriminator, config.dino_weights).to(dev)
-            self.d_params = [p for p in self.disc.parameters() if p.requires_grad]
-            self.d_optimizer = torch.optim.AdamW(self.d_params, lr=config.disc_lr, betas=tuple(config.disc_betas))
-        self.loader = loopdata.make_loader(
-            data, task="reconstruction", train=True, batch_size=config.batch_size, num_workers=config.num_workers,
-            resolution=config.resolution, rank=self.ctx.rank, world_size=self.ctx.world_size, seed=config.seed,
-            scale=tuple(config.scale_jitter), hflip=config.hflip,
-        )
-        self.d_steps = 0
-        self._last_batch: tuple[torch.Tensor, torch.Tensor] | None = None
-        self.resume()
+            torch.manual_seed(config.seed)  # identical initialisation on every rank
+            self.vae = build_vae(config).to(dev)
+            self.memory_format = torch.channels_last if config.channels_last else torch.contiguous_format
+            self.vae = self.vae.to(memory_format=self.memory_format)
+            if config.gradient_checkpointing:
+                self.vae.enable_gradient_checkpointing()
+            self.ema = EMA(self.vae, config.ema_decay).to(dev)
+            perceptual = None
+            if config.perceptual_weight > 0:
+                perceptual = PerceptualLoss(config.lpips_net, config.lpips_weights).to(dev)
+            weights = LossWeights(
+                l1=config.l1_weight, perceptual=config.perceptual_weight, kl=config.kl_weight, gan=config.gan_weight,
+                gan_start_step=config.gan_start_step, adaptive_weight_max=config.adaptive_weight_max,
+                deep_supervision=config.deep_supervision_weight,
+            )
+            self.objective = ReconstructionObjective(weights, perceptual)
+            step_module = ReconstructionStep(self.vae, config.latent_noise_std, config.deep_supervision_weight > 0)
+            self.step_module = (
+                DistributedDataParallel(step_module, device_ids=[dev.index] if dev.type == "cuda" else None)
+                if self.ctx.distributed else step_module
+            )
+            self.optimizer = torch.optim.AdamW(
+                parameter_groups(self.vae, config.lr, config.modulation_lr_scale), lr=config.lr,
+                betas=tuple(config.betas), weight_decay=config.weight_decay,
+            )
+            self.scheduler = make_scheduler(
+                self.optimizer, config.warmup_steps, config.max_steps, config.lr_schedule, config.min_lr_ratio
+            )
+            self.disc = self.d_optimizer = None
+            if config.stage == 2:
+                self.disc = build_discriminator(config.discriminator, config.dino_weights).to(dev)
+                self.d_params = [p for p in self.disc.parameters() if p.requires_grad]
+                self.d_optimizer = torch.optim.AdamW(self.d_params, lr=config.disc_lr, betas=tuple(config.disc_betas))
+            self.loader = loopdata.make_loader(
+                data, task="reconstruction", train=True, batch_size=config.batch_size, num_workers=config.num_workers,
+                resolution=config.resolution, rank=self.ctx.rank, world_size=self.ctx.world_size, seed=config.seed,
+                scale=tuple(config.scale_jitter), hflip=config.hflip,
+            )
+            self.data_spec = canonical_urls(data)
+            self.d_steps = 0
+            self._last_batch: tuple[torch.Tensor, torch.Tensor] | None = None
+            self.resume()
 
     # -- state ---------------------------------------------------------------------------------
     def model_state(self) -> dict[str, Any]:
@@ -222,7 +225,7 @@ class Trainer(TrainingLoop):
         self.check_finite(terms.total, detail=str(terms.logs))
         self.optimizer.zero_grad(set_to_none=True)
         terms.total.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.vae.parameters(), cfg.grad_clip)
+        grad_norm = self.clip_and_check_gradients(list(self.vae.parameters()), cfg.grad_clip)
         self.optimizer.step()
         self.scheduler.step()
         self.ema.update(self.vae)
@@ -251,7 +254,7 @@ class Trainer(TrainingLoop):
         self.d_optimizer.zero_grad(set_to_none=True)
         total.backward()
         average_gradients(self.d_params, self.ctx)
-        torch.nn.utils.clip_grad_norm_(self.d_params, cfg.grad_clip)
+        self.clip_and_check_gradients(self.d_params, cfg.grad_clip)
         self.d_optimizer.step()
         self.d_steps += 1
         return logs

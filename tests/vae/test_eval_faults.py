@@ -1,0 +1,159 @@
+"""Evaluation under faults and hostile input: escaping keys, reruns, keys shared by shard sets, corrupt
+samples, FID and a failing rank under torchrun; and one-line errors from every CLI."""
+
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+from loopdata_helpers import jpeg, write_shard
+
+from loopvae.cli import main as loopvae_main
+from loopvae.metrics import INCEPTION_FILE
+from lv_testing import data_urls
+
+
+def _eval_cli(checkpoint: Path, data: str, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "loopvae", "eval", "--checkpoint", str(checkpoint), "--data", data, "--out",
+           str(out), "--resolution", "32", "--lpips-net", "none", *extra]
+    return subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=600)
+
+
+def _one_line_error(proc: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if ": error: " in line]
+    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    for fragment in fragments:
+        assert fragment in errors[0], errors[0]
+
+
+def test_save_images_never_writes_outside_out(tiny_run, tmp_path: Path) -> None:
+    evil = tmp_path / "shards" / "evil-000000.tar"
+    evil.parent.mkdir()
+    with tarfile.open(evil, "w") as tar:
+        for name in ("good.jpg", "../../escape.jpg"):
+            data = jpeg(40, 40)
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    out = tmp_path / "a" / "b" / "out"
+    proc = _eval_cli(tiny_run[0], str(evil), out, "--save-images", "--num-workers", "0")
+    _one_line_error(proc, "unsafe sample key '../../escape'", "evil-000000.tar")
+    assert not list(tmp_path.rglob("escape*.png"))
+
+
+def test_a_rerun_replaces_the_whole_output_set_and_shard_sets_may_share_keys(tiny_run, tmp_path: Path) -> None:
+    out = tmp_path / "eval"
+    both = f"{data_urls('val')},{data_urls('full')}"  # kodim23 and kodim24 are in both
+    assert loopvae_main(["eval", "--checkpoint", str(tiny_run[0]), "--data", both, "--out", str(out), "--resolution",
+                         "32", "--lpips-net", "none", "--save-images", "--num-workers", "0"]) == 0
+    rows = json.loads((out / "per_image.json").read_text())
+    assert len(rows) == 6 and len({(r["shard"], r["key"]) for r in rows}) == 6
+    assert (out / "images" / "reconstruction" / "kodak-full-000000" / "kodim23.png").is_file()
+    assert (out / "images" / "reconstruction" / "kodak-val-000000" / "kodim23.png").is_file()
+    assert loopvae_main(["eval", "--checkpoint", str(tiny_run[0]), "--data", data_urls("val"), "--out", str(out),
+                         "--resolution", "32", "--lpips-net", "none", "--num-workers", "0"]) == 0
+    assert not (out / "images").exists()  # not a mix of two runs
+    assert json.loads((out / "metrics.json").read_text())["num_images"] == 4
+    assert not [p for p in out.iterdir() if ".tmp" in p.name]
+
+
+def _shard_with_a_corrupt_last_sample(tmp_path: Path, count: int = 6) -> str:
+    samples = [(f"img{i}", {"jpg": jpeg(40, 40, seed=i)}) for i in range(count - 1)]
+    samples.append(("broken", {"jpg": jpeg(40, 40)[:200]}))
+    return write_shard(tmp_path / "mixed" / "mixed-000000.tar", samples)
+
+
+def test_a_corrupt_eval_sample_is_one_named_line_or_skipped_with_skip_corrupt(tiny_run, tmp_path: Path) -> None:
+    shard = _shard_with_a_corrupt_last_sample(tmp_path)
+    proc = _eval_cli(tiny_run[0], shard, tmp_path / "strict", "--num-workers", "2")
+    _one_line_error(proc, "sample 'broken'", "mixed-000000.tar", "--skip-corrupt")
+    proc = _eval_cli(tiny_run[0], shard, tmp_path / "lenient", "--num-workers", "2", "--skip-corrupt")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    metrics = json.loads((tmp_path / "lenient" / "metrics.json").read_text())
+    assert metrics["num_images"] == 5 and metrics["skipped_corrupt"] == 1
+
+
+def _torchrun(*args: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "loopvae",
+            *args]
+
+
+def test_fid_under_torchrun_when_one_rank_holds_a_single_image(tiny_run, tmp_path: Path) -> None:
+    from test_evaluation import _random_inception_file
+
+    weights = _random_inception_file(tmp_path / INCEPTION_FILE)
+    cmd = _torchrun("eval", "--checkpoint", str(tiny_run[0]), "--data", data_urls("val"), "--out", str(tmp_path / "e"),
+                    "--resolution", "32", "--lpips-net", "none", "--fid-weights", str(weights), "--limit", "3",
+                    "--num-workers", "0", "--device", "cpu")
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = json.loads((tmp_path / "e" / "metrics.json").read_text())
+    assert metrics["num_images"] == 3 and metrics["rfid"] is not None  # ranks held 2 and 1 images
+
+
+def test_a_failing_rank_stops_every_rank_promptly_with_its_message(tiny_run, tmp_path: Path) -> None:
+    shard = _shard_with_a_corrupt_last_sample(tmp_path, count=40)  # the broken sample is in rank 1's half
+    cmd = _torchrun("eval", "--checkpoint", str(tiny_run[0]), "--data", shard, "--out", str(tmp_path / "e"),
+                    "--resolution", "32", "--lpips-net", "none", "--batch-size", "1", "--num-workers", "0",
+                    "--device", "cpu")
+    start = time.time()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=300)
+    assert proc.returncode != 0 and time.time() - start < 240
+    assert "sample 'broken'" in proc.stderr
+    assert not (tmp_path / "e" / "metrics.json").exists()
+
+
+def _release_with(tmp_path: Path, tiny_run, edit) -> Path:
+    import shutil
+
+    folder = tmp_path / "release"
+    shutil.copytree(tiny_run[0] / "release", folder)
+    edit(folder)
+    return folder
+
+
+def _set_width(folder: Path, value) -> None:
+    config = json.loads((folder / "config.json").read_text())
+    config["width"] = value
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize("case,edit,fragments", [
+    ("garbage safetensors", lambda f: (f / "model.safetensors").write_bytes(b"\x00garbage" * 10),
+     ["model.safetensors is not a readable safetensors file"]),
+    ("malformed config.json", lambda f: (f / "config.json").write_text("{not json"), ["config.json"]),
+    ("wrongly-typed config.json", lambda f: _set_width(f, "wide"),
+     ["config.json: key 'width' must be an integer, got 'wide'"]),
+])
+def test_bad_release_files_are_named_in_one_line(tiny_run, tmp_path: Path, case: str, edit, fragments) -> None:
+    folder = _release_with(tmp_path, tiny_run, edit)
+    _one_line_error(_eval_cli(folder, data_urls("val"), tmp_path / "out", "--num-workers", "0"), *fragments)
+
+
+def test_clear_one_line_errors_for_bad_data_and_arguments(tmp_path: Path) -> None:
+    truncated = tmp_path / "cut" / "cut-000000.tar"
+    truncated.parent.mkdir()
+    truncated.write_bytes(Path(data_urls("val")).read_bytes()[:70_000])  # no _info.json next to it
+    base = [sys.executable, "-m", "loopvae", "train", "--config", "tiny-stage1", "--out"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    run = lambda *a: subprocess.run([*a], capture_output=True, text=True, env=env, timeout=300)  # noqa: E731
+    _one_line_error(run(*base, str(tmp_path / "t1"), "--data", str(truncated)), "cut-000000.tar")
+    _one_line_error(run(*base, str(tmp_path / "t2"), "--data", data_urls(), "--set", "betas=[0.9]"),
+                    "config key 'betas' needs 2 values, got 1")
+    _one_line_error(run(*base, str(tmp_path / "t3"), "--data", data_urls(), "--set", "model=nope"),
+                    "unknown model 'nope'")
+    corrupt = write_shard(tmp_path / "bad" / "bad-000000.tar",
+                          [(f"b{i}", {"jpg": b"\xff\xd8 nope"}) for i in range(8)])
+    _one_line_error(run(*base, str(tmp_path / "t4"), "--data", corrupt, "--set", "resolution=32", "batch_size=4"),
+                    "failed to decode")
+    limit = subprocess.run([sys.executable, "-m", "loopvae", "eval", "--checkpoint", "x", "--data", "y", "--out",
+                            str(tmp_path / "e"), "--limit", "-3"], capture_output=True, text=True, env=env)
+    assert limit.returncode == 2 and "expected a positive integer, got -3" in limit.stderr
+    for folder in ("t1", "t2", "t3"):  # failed before training started: nothing left behind
+        assert not (tmp_path / folder).exists()

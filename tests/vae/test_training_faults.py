@@ -1,0 +1,169 @@
+"""Training under faults: NaN gradients, SIGTERM to the process group with workers, resuming with another
+config or data, a full disk, two runs on one folder, corrupt samples, a failed start (real paths)."""
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from loopdata_helpers import jpeg, write_shard
+
+import loopcore.checkpoint as checkpoint_module
+from loopcore.checkpoint import CheckpointManager, CheckpointSaveError
+from loopcore.config import ConfigError
+from loopcore.run_lock import RunLockedError
+from loopvae.train_config import load_train_config
+from loopvae.trainer import NonFiniteLossError, Trainer, train
+from lv_testing import FAST, data_urls
+
+
+def _config(*overrides: str):
+    return load_train_config("tiny-stage1", [*FAST, *overrides])
+
+
+def test_nan_gradients_with_a_finite_loss_stop_before_the_weights_change(tmp_path: Path) -> None:
+    trainer = Trainer(_config("max_steps=20", "checkpoint_every=5", "log_every=5"), data_urls(), tmp_path / "run")
+    weight = trainer.vae.decoder.head.conv_out.weight
+    weight.register_hook(lambda grad: grad * float("nan") if trainer.step == 7 else grad)
+    before = {}
+
+    def remember(module, inputs, output):
+        if trainer.step == 7 and not before:
+            before.update({k: v.detach().clone() for k, v in trainer.vae.state_dict().items()})
+        return output
+
+    trainer.vae.decoder.head.register_forward_hook(remember)
+    expected = r"non-finite gradient norm at step 7; stopped without saving.*step-00000005 is untouched"
+    with pytest.raises(NonFiniteLossError, match=expected):
+        trainer.run()
+    for name, tensor in trainer.vae.state_dict().items():  # no optimizer step was taken with NaN gradients
+        assert torch.equal(tensor, before[name]), name
+    manager = CheckpointManager(tmp_path / "run" / "checkpoints")
+    assert [p.name for p in manager.list_checkpoints()] == ["step-00000005"]
+
+
+def test_a_non_finite_state_is_never_saved(tmp_path: Path) -> None:
+    trainer = Trainer(_config("max_steps=4", "checkpoint_every=2"), data_urls(), tmp_path / "run")
+    with torch.no_grad():
+        trainer.ema.module.decoder.head.conv_out.bias.fill_(float("inf"))
+    with pytest.raises(NonFiniteLossError, match=r"non-finite values in ema\..*refusing to save"):
+        trainer.run()
+    assert CheckpointManager(tmp_path / "run" / "checkpoints").list_checkpoints() == []
+
+
+def _cli(out: Path, *overrides: str) -> list[str]:
+    return [sys.executable, "-m", "loopvae", "train", "--config", "tiny-stage1", "--data", data_urls(), "--out",
+            str(out), "--set", *FAST, *overrides]
+
+
+def test_sigterm_to_the_process_group_with_dataloader_workers_saves_and_exits_0(tmp_path: Path) -> None:
+    out = tmp_path / "term"
+    proc = subprocess.Popen(_cli(out, "max_steps=100000", "checkpoint_every=3", "log_every=3", "num_workers=2"),
+                            env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.time() + 300
+    while not (out / "checkpoints" / "step-00000003").exists() and time.time() < deadline:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGTERM)  # as torchrun's agent does: the whole group, workers included
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr[-2000:]
+    assert "killed by signal" not in stderr and "stopped at step" in stdout
+    latest = CheckpointManager(out / "checkpoints").load_latest()
+    assert latest.metadata["reason"] == "signal" and latest.step >= 3
+
+
+def test_resuming_with_another_config_or_data_is_refused_and_config_yaml_kept(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    train(_config("max_steps=4", "checkpoint_every=2"), data_urls(), out)
+    saved_yaml = (out / "config.yaml").read_text()
+    for overrides, data, message in (
+        (["batch_size=2"], data_urls(), r"batch_size: 4 in the checkpoint, 2 now"),
+        (["lr=0.5"], data_urls(), r"lr: 0\.001 in the checkpoint, 0\.5 now"),
+        (["model_overrides={width: 32}"], data_urls(), r"model_overrides: \{\} in the checkpoint"),
+        ([], data_urls("val"), r"data: 1 shard\(s\) .*kodak-train.* in the checkpoint"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            Trainer(_config("max_steps=6", "checkpoint_every=2", *overrides), data, out)
+        assert (out / "config.yaml").read_text() == saved_yaml
+    # the keys that only decide when to stop, save and log may change
+    resumed = train(_config("max_steps=6", "checkpoint_every=3", "log_every=1"), data_urls(), out)
+    assert resumed.step == 6 and resumed.resumed_from.name == "step-00000004"
+    assert yaml.safe_load((out / "config.yaml").read_text())["max_steps"] == 6
+
+
+def test_a_full_disk_during_training_stops_with_a_clear_error(tmp_path: Path, monkeypatch) -> None:
+    trainer = Trainer(_config("max_steps=6", "checkpoint_every=2"), data_urls(), tmp_path / "run")
+    real_save = torch.save
+    state = {"saves": 0}
+
+    def fill_up(obj, f, *args, **kwargs):
+        state["saves"] += 1
+        if trainer.step >= 4:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint_module.torch, "save", fill_up)
+    with pytest.raises(CheckpointSaveError, match=r"No space left on device.*step-00000002\)"):
+        trainer.run()
+    monkeypatch.undo()
+    assert CheckpointManager(tmp_path / "run" / "checkpoints").load_latest().step == 2
+
+
+def test_two_runs_on_one_folder_the_second_fails_clearly(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    first = subprocess.Popen(_cli(out, "max_steps=100000", "checkpoint_every=1000"),
+                             env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while not (out / "config.yaml").exists() and time.time() < deadline:
+            time.sleep(0.05)
+        with pytest.raises(RunLockedError, match=rf"{out} is in use by another training run \(pid {first.pid}\)"):
+            Trainer(_config("max_steps=2"), data_urls(), out)
+        second = subprocess.run(_cli(out, "max_steps=2"), capture_output=True, text=True,
+                                env=dict(os.environ, OMP_NUM_THREADS="1"))
+        assert second.returncode == 2 and "in use by another training run" in second.stderr
+        assert "Traceback" not in second.stderr
+    finally:
+        first.kill()
+        first.wait()
+
+
+def test_epochs_advance_once_and_corrupt_samples_are_counted_saved_logged_and_left_out(tmp_path: Path) -> None:
+    from loopdata.shards import split_entry, update_info
+
+    samples = [(f"good{i:02d}", {"jpg": jpeg(48, 48, seed=i)}) for i in range(14)]
+    samples += [(f"bad{i}", {"jpg": b"\xff\xd8 not a jpeg"}) for i in range(2)]
+    shard = write_shard(tmp_path / "shards" / "mixed-000000.tar", samples)
+    update_info(tmp_path / "shards", split_entry("mixed", [shard], [16]))
+    out = tmp_path / "run"
+    config = _config("max_steps=8", "checkpoint_every=4", "batch_size=4")  # 16 planned samples: 4 batches
+    result = train(config, shard, out)
+    data = CheckpointManager(out / "checkpoints").load_latest().state["trainer"]["data"]
+    assert (data["epoch"], data["batch"]) == (2, 1)  # 4 + 3 batches, then 1: one epoch per epoch, not two
+    assert data["corrupt"] >= 2 and data["excluded"] == 2  # 14 usable samples: 3 batches of 4 from epoch 1 on
+    assert "skipped corrupt sample" in (out / "train.log").read_text()
+    summary = json.loads((out / "train_summary.json").read_text())
+    assert summary["ranks"][0]["samples_per_epoch"] == 12 and summary["ranks"][0]["corrupt_samples"] >= 2
+    resumed = Trainer(_config("max_steps=10", "checkpoint_every=4", "batch_size=4"), shard, out)
+    assert resumed.loader.corrupt_count == data["corrupt"] and resumed.loader.excluded_samples == 2
+    resumed.abandon()
+    assert result.step == 8
+
+
+def test_a_run_that_fails_to_start_leaves_no_files_in_a_new_folder(tmp_path: Path) -> None:
+    out = tmp_path / "new-run"
+    bad = subprocess.run(_cli(out, "model=loopvae-huge"), capture_output=True, text=True)
+    assert bad.returncode == 2 and "unknown model 'loopvae-huge'" in bad.stderr and "Traceback" not in bad.stderr
+    assert not out.exists()
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    subprocess.run(_cli(out, "model=loopvae-huge"), capture_output=True, text=True)
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]  # an existing folder keeps only its own files
