@@ -107,7 +107,7 @@ def test_metadata_is_written_durably_and_lists_format_step_and_files(tmp_path: P
 def test_a_second_process_cannot_take_the_run_lock_and_a_killed_holder_releases_it(tmp_path: Path) -> None:
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys, time; from loopcore.run_lock import RunLock; "
-         f"RunLock({str(tmp_path)!r}); print('locked', flush=True); time.sleep(60)"],
+         f"lock = RunLock({str(tmp_path)!r}); print('locked', flush=True); time.sleep(60)"],
         stdout=subprocess.PIPE, text=True,
     )
     assert holder.stdout.readline().strip() == "locked"
