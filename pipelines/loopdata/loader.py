@@ -36,6 +36,11 @@ def ignore_stop_signals(worker_id: int) -> None:
 _live_iterators: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
+def _value(counter: Any) -> int:
+    """A shared worker counter's value (0 when the dataset keeps none)."""
+    return int(counter.value) if counter is not None else 0
+
+
 def _shut_down(batches: Any) -> None:
     """Stop the worker processes of a DataLoader iterator (a no-op for ``num_workers=0``)."""
     _live_iterators.discard(batches)
@@ -138,8 +143,7 @@ class ShardLoader:
     def corrupt_count(self) -> int:
         """Samples (or shard remainders) skipped as undecodable by this rank, all workers, over the whole
         run (a resumed loader continues the count saved in :meth:`state_dict`)."""
-        counter = self.dataset.corrupt_counter
-        return self._corrupt_offset + (int(counter.value) if counter is not None else 0)
+        return self._corrupt_offset + _value(self.dataset.corrupt_counter)
 
     @property
     def excluded_samples(self) -> int:
@@ -194,8 +198,7 @@ class ShardLoader:
             )
         if self.dataset.train:
             self.dataset.set_excluded(int(state.get("excluded", 0)))
-        counter = self.dataset.corrupt_counter
-        self._corrupt_offset = int(state.get("corrupt", 0)) - (int(counter.value) if counter is not None else 0)
+        self._corrupt_offset = int(state.get("corrupt", 0)) - _value(self.dataset.corrupt_counter)
         self.set_epoch(int(state["epoch"]), int(state["batch"]))
 
     # ------------------------------------------------------------------ iteration
@@ -218,8 +221,7 @@ class ShardLoader:
         )
 
     def _first_pass_count(self) -> int:
-        counter = self.dataset.first_pass_counter
-        return int(counter.value) if counter is not None else 0
+        return _value(self.dataset.first_pass_counter)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         skipped_before = self.corrupt_count
