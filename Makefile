@@ -9,11 +9,12 @@ PYTEST_ARGS ?=
 
 setup: $(STAMP)
 
-# Re-installs whenever pyproject.toml changes; torch/torchvision come from the local wheel store here.
-$(STAMP): pyproject.toml
+# Re-installs whenever pyproject.toml or constraints.txt changes; pyproject.toml gives compatible ranges,
+# constraints.txt the exact tested versions. torch/torchvision come from the local wheel store here.
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -e '.[dev]'
+	$(BIN)/python -m pip install -e '.[dev]' -c constraints.txt
 	touch $(STAMP)
 
 test: setup
