@@ -137,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         "| --- | --- | --- | --- | --- | --- |",
         *[f"| {m} | {mode} | {n} | {a:.2f} | {b:.2f} | {100 * o:+.1f}% |" for m, mode, n, a, b, o in soft_rows],
         "",
-        "`token` (the default, SPEC's reading of the router) runs `LayerNorm -> Linear(d, d) -> GELU -> Linear(d, 1)` "
+        "`token` (the default: our reading of the SoftMoR router, which the paper describes without equations) runs "
+        "`LayerNorm -> Linear(d, d) -> GELU -> Linear(d, 1)` "
         "on every step's output of every token, so its arithmetic alone is "
         f"{100 * (macs['token'] / macs['last'] - 1):+.1f}% at R = 4. `query` computes one `Linear(d, d)` query per "
         "token from the block input and scores each step by a dot product with its normalised output: the same "

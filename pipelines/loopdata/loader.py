@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader
 
 from .dataset import ShardDataset
 from .distributed import RankShare, eval_plan, resolve_rank, split_evenly
+from .repeated import RepeatedAugDataset, train_repeats
 from .shards import expand_urls, shard_counts
 from .transforms import build_transforms, make_options
 
@@ -329,7 +330,8 @@ def make_loader(
         )
     counter = multiprocessing.get_context().Value("q", 0)
     first_pass = multiprocessing.get_context().Value("q", 0)
-    dataset = ShardDataset(
+    repeats = train_repeats(options, train)  # repeated augmentation (loopdata.repeated), classification training
+    dataset = (RepeatedAugDataset if repeats > 1 else ShardDataset)(
         shard_urls,
         counts,
         transforms,
@@ -344,7 +346,10 @@ def make_loader(
         corrupt_counter=counter,
         max_pixels=max_pixels,
         first_pass_counter=first_pass,
+        **({"repeats": repeats} if repeats > 1 else {}),
     )
+    if repeats > 1:
+        dataset.warn_if_poorly_spread(num_workers)
     loader = ShardLoader(dataset, num_workers, pin_memory=pin_memory, prefetch_factor=prefetch_factor)
     loader.set_epoch(epoch, start_batch)
     return loader

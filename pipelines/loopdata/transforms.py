@@ -1,10 +1,11 @@
-"""Per-task image transforms (torchvision.transforms.v2) and batch-level Mixup/CutMix.
+"""Per-task image transforms (torchvision.transforms.v2, timm's RandAugment) and batch-level Mixup/CutMix.
 
 Sample transforms take the ``torch.uint8`` (3, H, W) tensor from :func:`loopdata.decode.decode_image`
-and return ``uint8`` (3, resolution, resolution): geometry and colour augmentation run on uint8, where
-torchvision's kernels are fastest. The batch is then converted to float and normalised once
-(:class:`BatchNormalize`), followed in training by per-image RandomErasing and batch-level Mixup/CutMix.
-Images smaller than the crop are upscaled by the resize step, never dropped.
+and return ``uint8`` (3, resolution, resolution): geometry augmentation runs on uint8 tensors, where
+torchvision's kernels are fastest; timm's RandAugment, which works on PIL images, gets the cropped image as a
+PIL image and hands back a uint8 tensor (:class:`TimmRandAugment`). The batch is then converted to float and
+normalised once (:class:`BatchNormalize`), followed in training by per-image RandomErasing and batch-level
+Mixup/CutMix. Images smaller than the crop are upscaled by the resize step, never dropped.
 
 Tasks and protocols:
 
@@ -13,26 +14,34 @@ Tasks and protocols:
   train = resize shorter side to ``resolution * s``, ``s ~ U(scale)`` (default ``(1, 1)``, no jitter),
   random crop, horizontal flip.
 * ``classification`` with ``protocol="imagenet"`` (DeiT recipe; output normalised by ``mean``/``std``):
-  train = RandomResizedCrop(scale=(0.08, 1)), flip, RandAugment(2 ops, magnitude 9), RandomErasing(0.25,
-  per-pixel normal values), and per batch Mixup(0.8) or CutMix(1.0) (50/50) with label smoothing 0.1;
-  eval = resize shorter side to ``floor(resolution / crop_pct)`` (crop_pct 0.875) + centre crop.
+  train = RandomResizedCrop(scale=(0.08, 1), bicubic), flip, timm's RandAugment ``rand-m9-mstd0.5-inc1``
+  (DeiT's: 2 ops of the increasing-severity set at magnitude 9 on timm's 0..10 scale, magnitude noise of std
+  0.5, bicubic, fill = the mean colour, translations up to 0.45 x resolution, as timm's ``create_transform``
+  sets them), RandomErasing(0.25, per-pixel normal values), and per batch Mixup(0.8) or CutMix(1.0) (50/50)
+  with label smoothing 0.1; eval = resize shorter side to ``floor(resolution / crop_pct)`` (crop_pct 0.875)
+  + centre crop.
 * ``classification`` with ``protocol="cifar"``: train = random crop with 4-pixel zero padding + flip,
   eval = identity at 32x32 (other sizes are resized + centre-cropped first); CIFAR-10 mean/std; no
   RandAugment, erasing, mixing or smoothing unless asked for.
 
-Note: torchvision's RandAugment is close to, not identical with, timm's ``rand-m9-mstd0.5-inc1`` used by
-DeiT (no magnitude noise, different op set details).
+``repeated_aug`` (classification training, default 1) is applied by the loader, not here: see
+:mod:`loopdata.repeated`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
+from timm.data.auto_augment import RandAugment, rand_augment_transform
+from timm.data.transforms import str_to_pil_interp
 from torchvision.transforms import v2
+from torchvision.transforms.v2 import functional as TF
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -64,6 +73,15 @@ class ReconstructionOptions:
 class ClassificationOptions:
     """Options of the classification task; defaults depend on ``protocol`` (see module docstring).
 
+    RandAugment is timm's, configured by a timm string (:func:`randaugment_config_string`): ``randaugment_config``
+    when set (e.g. ``"rand-m9-mstd0.5-inc1"``, used verbatim), else built from ``randaugment_magnitude`` (timm's
+    0..10 scale; ``None`` = no RandAugment), ``randaugment_ops`` (ops per image), ``randaugment_mstd`` (std of the
+    per-op magnitude noise) and ``randaugment_increasing`` (timm's increasing-severity op set); the ImageNet
+    defaults give DeiT's ``rand-m9-mstd0.5-inc1``.
+
+    ``repeated_aug = r > 1`` (training only): every sample is used ``r`` times per epoch with independent
+    augmentations, DeiT's repeated augmentation in streaming form (:mod:`loopdata.repeated`).
+
     Mixing is enabled when ``mixup_alpha > 0`` or ``cutmix_alpha > 0``; the batch ``"label"`` is then a
     float (N, num_classes) soft target with ``label_smoothing`` applied. Without mixing ``"label"`` is an
     int64 (N,) tensor and label smoothing belongs in the loss (``CrossEntropyLoss(label_smoothing=...)``).
@@ -77,6 +95,10 @@ class ClassificationOptions:
     hflip: float = 0.5
     randaugment_magnitude: int | None = 9
     randaugment_ops: int = 2
+    randaugment_mstd: float = 0.5
+    randaugment_increasing: bool = True
+    randaugment_config: str | None = None
+    repeated_aug: int = 1
     random_erasing: float = 0.25
     mixup_alpha: float = 0.8
     cutmix_alpha: float = 1.0
@@ -105,6 +127,86 @@ _CIFAR_DEFAULTS = dict(
     num_classes=10,
     crop_pct=1.0,
 )
+
+
+def randaugment_config_string(opt: ClassificationOptions) -> str | None:
+    """The timm RandAugment config string of ``opt`` (``None``: no RandAugment).
+
+    ``randaugment_config`` wins when set; otherwise ``rand-m{magnitude}[-n{ops}]-mstd{mstd}-inc{0|1}`` (``n`` only
+    when not timm's default of 2), so the ImageNet defaults give exactly DeiT's ``rand-m9-mstd0.5-inc1``.
+    """
+    if opt.randaugment_config is not None:
+        return opt.randaugment_config
+    m = opt.randaugment_magnitude
+    if m is None:
+        return None
+    if isinstance(m, bool) or not isinstance(m, int) or not 0 <= m <= 10:
+        raise ValueError(
+            f"randaugment_magnitude must be an integer in [0, 10] (timm's RandAugment scale; DeiT uses 9), got {m!r}; "
+            "for magnitudes above 10 pass a timm string with mmax, e.g. randaugment_config='rand-m15-mmax20'"
+        )
+    if isinstance(opt.randaugment_ops, bool) or not isinstance(opt.randaugment_ops, int) or opt.randaugment_ops < 1:
+        raise ValueError(f"randaugment_ops must be an integer >= 1 (ops per image), got {opt.randaugment_ops!r}")
+    if not opt.randaugment_mstd >= 0:
+        raise ValueError(f"randaugment_mstd must be >= 0 (0 = fixed magnitude), got {opt.randaugment_mstd!r}")
+    ops = "" if opt.randaugment_ops == 2 else f"-n{opt.randaugment_ops}"
+    return f"rand-m{m}{ops}-mstd{opt.randaugment_mstd:g}-inc{int(bool(opt.randaugment_increasing))}"
+
+
+class TimmRandAugment:
+    """timm's RandAugment (:func:`timm.data.auto_augment.rand_augment_transform`) on uint8 ``(3, H, W)`` tensors.
+
+    The tensor becomes a PIL image, goes through timm's transform and comes back as a uint8 ``(3, H, W)`` tensor.
+    The hyper-parameters are those timm's ``create_transform`` passes: ``translate_const = int(0.45 * resolution)``,
+    ``img_mean`` (fill colour) = ``mean`` in 0..255, and the PIL ``interpolation`` (DeiT: bicubic).
+
+    Seeding: timm draws from Python's ``random`` and NumPy's global RNG. Each call seeds both from one draw of
+    torch's CPU RNG (which the loader seeds per sample) and restores their previous states afterwards, so the
+    augmentation of a sample is reproducible (resume, any worker layout) and nothing else's random stream moves.
+
+    Attributes:
+        config: the timm config string, e.g. ``"rand-m9-mstd0.5-inc1"``.
+        transform: timm's :class:`timm.data.auto_augment.RandAugment`.
+    """
+
+    def __init__(
+        self, config: str, resolution: int, mean: tuple[float, ...], interpolation: str = "bicubic"
+    ) -> None:
+        if not isinstance(config, str) or config.split("-")[0] != "rand":
+            raise ValueError(
+                f"randaugment_config must be a timm RandAugment string starting with 'rand' "
+                f"(e.g. 'rand-m9-mstd0.5-inc1'), got {config!r}"
+            )
+        hparams = {
+            "translate_const": int(resolution * 0.45),
+            "img_mean": tuple(min(255, round(255 * m)) for m in mean),
+            "interpolation": str_to_pil_interp(interpolation),
+        }
+        try:
+            transform = rand_augment_transform(config, hparams)
+        except (AssertionError, ValueError, KeyError) as err:  # timm asserts on unknown sections
+            raise ValueError(
+                f"randaugment_config={config!r} is not a valid timm RandAugment string ({err or 'unknown section'}); "
+                "sections: m<int> magnitude, n<int> ops, mstd<float>, mmax<int>, p<float>, inc<0|1>, t<name>"
+            ) from None
+        self.config = config
+        self.transform: RandAugment = transform
+
+    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+        """uint8 ``(3, H, W)`` -> uint8 ``(3, H, W)``."""
+        seed = int(torch.randint(0, 2**62, (), dtype=torch.int64))
+        py_state, np_state = random.getstate(), np.random.get_state()
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        try:
+            out = self.transform(TF.to_pil_image(image))
+        finally:
+            random.setstate(py_state)
+            np.random.set_state(np_state)
+        return TF.pil_to_tensor(out)
+
+    def __repr__(self) -> str:
+        return f"TimmRandAugment({self.config!r})"
 
 
 def make_options(task: str, **overrides: object) -> ReconstructionOptions | ClassificationOptions:
@@ -207,6 +309,8 @@ def _classification(train: bool, res: int, opt: ClassificationOptions) -> TaskTr
         raise ValueError(f"crop_pct must be in (0, 1], got {opt.crop_pct}")
     if opt.num_classes < 1:
         raise ValueError(f"num_classes must be >= 1, got {opt.num_classes}")
+    if isinstance(opt.repeated_aug, bool) or not isinstance(opt.repeated_aug, int) or opt.repeated_aug < 1:
+        raise ValueError(f"repeated_aug must be an integer >= 1 (1 = off, 3 = DeiT), got {opt.repeated_aug!r}")
     norm = BatchNormalize(opt.mean, opt.std)
     resize_to = math.floor(res / opt.crop_pct)
     eval_steps: list[v2.Transform] = [
@@ -240,15 +344,9 @@ def _classification(train: bool, res: int, opt: ClassificationOptions) -> TaskTr
         ]
         # A small RandomResizedCrop area is upsampled, so full-resolution pixels matter: no draft.
         draft = None
-    if opt.randaugment_magnitude is not None:
-        # Bilinear, not DeiT's bicubic: torchvision's tensor affine ops support nearest/bilinear only.
-        steps.append(
-            v2.RandAugment(
-                num_ops=opt.randaugment_ops,
-                magnitude=opt.randaugment_magnitude,
-                interpolation=v2.InterpolationMode.BILINEAR,
-            )
-        )
+    randaugment = randaugment_config_string(opt)
+    if randaugment is not None:
+        steps.append(TimmRandAugment(randaugment, res, opt.mean))  # on the cropped image, as in DeiT
     # value="random": per-pixel N(0, 1) noise in normalised space, DeiT's "pixel" erasing mode.
     erase = v2.RandomErasing(p=opt.random_erasing, value="random") if opt.random_erasing > 0 else None
     batch = MixBatch(opt) if opt.mixing else None

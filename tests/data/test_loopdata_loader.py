@@ -63,7 +63,7 @@ def test_evaluation_without_info_json_counts_the_tars(make_shards):
     )
 
 
-def test_eval_plan_matches_the_loader_and_the_issue_layout():
+def test_eval_plan_matches_the_loader_for_800_images_on_2_ranks_x_2_workers():
     plan = eval_plan(800, world_size=2, num_workers=2, batch_size=16)
     assert [share.num_samples for share in plan] == [400, 400]
     assert [share.worker_samples for share in plan] == [(200, 200), (200, 200)]

@@ -1,4 +1,4 @@
-"""Task transforms: value ranges, exact agreement with PIL, DeiT/CIFAR recipes, Mixup targets."""
+"""Task transforms: value ranges, exact agreement with PIL, DeiT/CIFAR recipes (timm's RandAugment), Mixup targets."""
 
 from __future__ import annotations
 
@@ -18,8 +18,10 @@ from loopdata.transforms import (
     BatchNormalize,
     ClassificationOptions,
     MixBatch,
+    TimmRandAugment,
     build_transforms,
     make_options,
+    randaugment_config_string,
 )
 
 
@@ -141,3 +143,96 @@ def test_options_reject_unknown_names_and_protocols():
         make_options("classification", protocol="places")
     with pytest.raises(ValueError, match="crop_pct"):
         build_transforms("classification", False, 32, make_options("classification", crop_pct=1.5))
+
+
+# -- DeiT's RandAugment: timm's rand-m9-mstd0.5-inc1 ---------------------------------------------------------------
+def kodak_image() -> torch.Tensor:
+    """A real photograph: the first bundled Kodak image, decoded to uint8 (3, H, W)."""
+    from loopdata.assets import bundled_kodak_urls
+    from loopdata.shards import iter_samples
+
+    sample = next(iter(iter_samples(bundled_kodak_urls("train")[0])))
+    return decode_image(sample["jpg"])
+
+
+def randaugment_of(tf) -> TimmRandAugment | None:
+    found = [t for t in tf.sample.transforms if isinstance(t, TimmRandAugment)]
+    assert len(found) <= 1
+    return found[0] if found else None
+
+
+def test_imagenet_train_uses_timms_deit_randaugment_with_create_transforms_hparams():
+    from timm.data import create_transform
+    from timm.data.auto_augment import RandAugment
+
+    opt = make_options("classification")
+    assert randaugment_config_string(opt) == "rand-m9-mstd0.5-inc1"
+    ra = randaugment_of(build_transforms("classification", True, 224, opt))
+    assert ra is not None and ra.config == "rand-m9-mstd0.5-inc1" and isinstance(ra.transform, RandAugment)
+    assert ra.transform.num_layers == 2 and ra.transform.choice_weights is None
+    assert all(op.magnitude == 9 and op.magnitude_std == 0.5 and op.prob == 0.5 for op in ra.transform.ops)
+    names = [op.name for op in ra.transform.ops]  # timm's increasing-severity op set ("inc1")
+    assert {"SolarizeIncreasing", "PosterizeIncreasing", "ColorIncreasing", "SharpnessIncreasing"} <= set(names)
+    assert not {"Solarize", "Posterize", "Color"} & set(names)
+    # ... with exactly the hparams timm's own create_transform gives DeiT's pipeline (bicubic, 224)
+    deit = create_transform(224, is_training=True, auto_augment="rand-m9-mstd0.5-inc1", interpolation="bicubic",
+                            mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
+    (theirs,) = [t for t in deit.transforms if isinstance(t, RandAugment)]
+    assert repr(ra.transform) == repr(theirs)
+    for ours_op, their_op in zip(ra.transform.ops, theirs.ops, strict=True):
+        assert (ours_op.name, ours_op.hparams, ours_op.kwargs) == (their_op.name, their_op.hparams, their_op.kwargs)
+    assert ra.transform.ops[0].hparams["translate_const"] == 100 and ra.transform.ops[0].kwargs["fillcolor"] == (
+        124, 116, 104)
+
+
+def test_timm_randaugment_runs_on_a_real_image_reproducibly_without_touching_global_rngs():
+    import random
+
+    opt = make_options("classification")
+    tf = build_transforms("classification", True, 64, opt)
+    plain = build_transforms("classification", True, 64, make_options("classification", randaugment_magnitude=None))
+    assert randaugment_of(plain) is None
+    image = kodak_image()
+    assert image.shape[0] == 3 and min(image.shape[1:]) >= 256  # a real photograph, not noise
+    random.seed(7)
+    np.random.seed(7)
+    py_state, np_state = random.getstate(), np.random.get_state()[1].copy()
+    outs, crops = [], []
+    for seed in range(8):
+        torch.manual_seed(seed)
+        outs.append(tf.sample(image))
+        torch.manual_seed(seed)
+        crops.append(plain.sample(image))  # the same crop and flip (RandAugment draws after them)
+    assert random.getstate() == py_state and np.array_equal(np.random.get_state()[1], np_state)
+    assert all(o.shape == (3, 64, 64) and o.dtype == torch.uint8 for o in outs)
+    changed = sum(not torch.equal(o, c) for o, c in zip(outs, crops))
+    assert changed >= 4  # at least one of 2 ops (p = 0.5 each) changes the image in ~3/4 of the draws
+    torch.manual_seed(3)
+    assert torch.equal(tf.sample(image), outs[3])  # seeded by torch's RNG alone: reproducible (resume, workers)
+    assert len({o.numpy().tobytes() for o in outs}) == 8
+
+
+def test_randaugment_options_build_the_timm_string_and_bad_values_are_named():
+    opt = make_options("classification", randaugment_magnitude=7, randaugment_ops=3, randaugment_mstd=1.0,
+                       randaugment_increasing=False)
+    assert randaugment_config_string(opt) == "rand-m7-n3-mstd1-inc0"
+    ra = randaugment_of(build_transforms("classification", True, 32, opt))
+    assert ra.transform.num_layers == 3 and {op.magnitude for op in ra.transform.ops} == {7}
+    assert "Solarize" in [op.name for op in ra.transform.ops] and ra.transform.ops[0].magnitude_std == 1.0
+    full = make_options("classification", randaugment_config="rand-m5-n1-mstd0-inc1")
+    ra = randaugment_of(build_transforms("classification", True, 32, full))
+    assert ra.config == "rand-m5-n1-mstd0-inc1" and ra.transform.num_layers == 1
+    assert {(op.magnitude, op.magnitude_std) for op in ra.transform.ops} == {(5, 0.0)}
+    # CIFAR has no RandAugment by default; a config string turns it on
+    assert randaugment_of(build_transforms("classification", True, 32, make_options("classification",
+                                                                                    protocol="cifar"))) is None
+    assert randaugment_of(build_transforms("classification", True, 32, make_options(
+        "classification", protocol="cifar", randaugment_config="rand-m9-mstd0.5-inc1"))) is not None
+    with pytest.raises(ValueError, match=r"randaugment_magnitude must be an integer in \[0, 10\].*got 15"):
+        build_transforms("classification", True, 32, make_options("classification", randaugment_magnitude=15))
+    with pytest.raises(ValueError, match="starting with 'rand'.*'augmix-m5'"):
+        build_transforms("classification", True, 32, make_options("classification", randaugment_config="augmix-m5"))
+    with pytest.raises(ValueError, match="'rand-q5' is not a valid timm RandAugment string"):
+        build_transforms("classification", True, 32, make_options("classification", randaugment_config="rand-q5"))
+    with pytest.raises(ValueError, match="repeated_aug must be an integer >= 1"):
+        build_transforms("classification", True, 32, make_options("classification", repeated_aug=0))

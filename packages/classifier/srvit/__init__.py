@@ -1,11 +1,21 @@
 """srvit: recursive ViT classifiers built from loopcore parts -- the DeiT baseline (``vit-*``), bViT
 (``bvit-*``, one block applied T times) and SR-ViT (``srvit-*``, every block applied R times with SoftMoR
-fusion) -- with DeiT / CIFAR training and step-sweep evaluation (``srvit train``, ``srvit eval``).
+fusion) -- with DeiT / CIFAR training and step-sweep evaluation (``srvit train``, ``srvit eval``), timm's
+``create_model(name, pretrained=False, checkpoint_path=None, **kw)`` surface and a checked recipe for timm DeiT
+weights (:mod:`srvit.timm_compat`).
 """
 
 from .model import FAMILIES, PatchEmbed, RecursionTrace, RecursiveViT
 from .registry import create_model, list_models, model_arguments
+from .timm_compat import (
+    CheckpointLoadError,
+    convert_timm_vit_state_dict,
+    load_checkpoint,
+    load_timm_vit_state_dict,
+    read_checkpoint,
+)
 
-__all__ = ["FAMILIES", "PatchEmbed", "RecursionTrace", "RecursiveViT", "create_model", "list_models",
-           "model_arguments"]
+__all__ = ["FAMILIES", "CheckpointLoadError", "PatchEmbed", "RecursionTrace", "RecursiveViT",
+           "convert_timm_vit_state_dict", "create_model", "list_models", "load_checkpoint",
+           "load_timm_vit_state_dict", "model_arguments", "read_checkpoint"]
 __version__ = "0.1.0"

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from loopcore.cli_errors import non_negative_int, positive_int
+from loopcore.config import add_override_argument
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
@@ -16,10 +17,12 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         description=f"Train a classifier. Presets: {', '.join(list_presets())}.",
     )
     p.add_argument("--config", required=True, help="preset name or YAML file")
-    p.add_argument("--data", required=True, help="training shards: brace pattern, glob, directory or comma list")
+    p.add_argument("--data", required=True,
+                   help="training shards (brace pattern, glob, directory of *.tar, comma list) or an image "
+                        "folder with one sub-folder per class")
     p.add_argument("--val-data", default=None, help="validation shards (checked every eval_every steps and at the end)")
     p.add_argument("--out", required=True, help="run directory (config.yaml, checkpoints/, tb/, release/, train.log)")
-    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override config keys")
+    add_override_argument(p)
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -62,7 +65,8 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("eval", help="top-1 / top-5, and top-1 vs the number of recursion steps")
     p.add_argument("--checkpoint", required=True, help="training run directory or release artifact")
-    p.add_argument("--data", required=True, help="labelled WebDataset shards")
+    p.add_argument("--data", required=True, help="labelled WebDataset shards, or an image folder with one sub-folder "
+                                                   "per class")
     p.add_argument("--out", required=True, help="output directory (metrics.json, accuracy_vs_steps.png)")
     p.add_argument("--steps", type=_steps, default=DEFAULT_STEPS,
                    help="step counts for by_steps (default 3,6,12,24,48; '' to skip)")
@@ -98,12 +102,17 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The ``srvit`` argument parser (all sub-commands)."""
     parser = argparse.ArgumentParser(prog="srvit", description="Recursive ViT classifiers (ViT, bViT, SR-ViT).")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_train(sub)
     _add_eval(sub)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     from loopcore.cli_errors import run_command
 
     return run_command("srvit", args.command, lambda: {"train": _train, "eval": _eval}[args.command](args))

@@ -13,7 +13,7 @@ from loopcore.checkpoint import (
     model_weights,
     sha256_file,
 )
-from loopcore.release import WEIGHTS_NAME, artifact_class_name
+from loopcore.release import WEIGHTS_NAME, artifact_class_name, release_weights_file
 
 from .model import RecursiveViT
 from .registry import create_model
@@ -44,8 +44,9 @@ def load_classifier(path: str | Path, weights: str = "ema") -> LoadedClassifier:
     """Load what ``--checkpoint`` names.
 
     Args:
-        path: a release folder (``config.json`` + ``model.safetensors``, e.g. ``RUN/release``) or a training
-            run directory (``config.yaml`` + ``checkpoints/``; its newest valid checkpoint is used).
+        path: a release folder (``config.json`` + ``diffusion_pytorch_model.safetensors``, e.g.
+            ``RUN/release``) or a training run directory (``config.yaml`` + ``checkpoints/``; its newest
+            valid checkpoint is used).
         weights: for run directories, ``ema`` (default) or ``model`` (the raw training weights).
     """
     path = Path(path)
@@ -56,12 +57,13 @@ def load_classifier(path: str | Path, weights: str = "ema") -> LoadedClassifier:
             raise ValueError(
                 f"{path / 'config.json'}: _class_name is {class_name!r}, not a srvit RecursiveViT artifact"
             )
-        if not (path / WEIGHTS_NAME).is_file():
+        weights_file = release_weights_file(path)
+        if weights_file is None:
             raise FileNotFoundError(f"{path} has a config.json but no {WEIGHTS_NAME}")
         model = RecursiveViT.from_pretrained(path)
         info = json.loads((path / "release.json").read_text()) if (path / "release.json").is_file() else {}
         return LoadedClassifier(model.eval(), str(path), "release", info.get("weights", "release"),
-                                {WEIGHTS_NAME: sha256_file(path / WEIGHTS_NAME)}, info.get("step"),
+                                {weights_file.name: sha256_file(weights_file)}, info.get("step"),
                                 info.get("protocol") or _run_protocol(path.parent))
     manager = CheckpointManager(path / "checkpoints")
     if (path / "config.yaml").is_file() and manager.list_checkpoints():

@@ -22,6 +22,8 @@ block ``n`` times instead of ``recursion`` (beyond the training horizon when ``n
 same weights.
 
 Images are ``(B, 3, H, W)`` normalised with the dataset mean/std; logits are ``(B, num_classes)``.
+``num_classes=0`` makes the head an ``nn.Identity`` (timm's convention): the forward then returns the
+final-normed class token ``(B, embed_dim)``, the pooled features.
 """
 
 from __future__ import annotations
@@ -83,7 +85,8 @@ class RecursiveViT(ReleaseLoadingMixin, ModelMixin, ConfigMixin):
 
     Args:
         img_size, patch_size, in_channels: input geometry (square images).
-        num_classes: classifier outputs.
+        num_classes: classifier outputs; 0 = no classifier (``head`` is ``nn.Identity``, the forward returns the
+            pooled ``(B, embed_dim)`` features).
         embed_dim, depth, num_heads, mlp_ratio, qkv_bias: the stored blocks.
         recursion: applications of each block (``R`` for SR-ViT, ``T`` for bViT, 1 for ViT).
         fusion: SoftMoR mode fusing each block's step outputs: ``last`` | ``mean`` | ``global`` | ``token`` |
@@ -130,6 +133,8 @@ class RecursiveViT(ReleaseLoadingMixin, ModelMixin, ConfigMixin):
             raise ValueError(f"deep_supervision_every must be >= 0 (0 = off), got {deep_supervision_every}")
         if not 0.0 <= drop_path_rate < 1.0:
             raise ValueError(f"drop_path_rate must be in [0, 1), got {drop_path_rate}")
+        if num_classes < 0:
+            raise ValueError(f"num_classes must be >= 0 (0 = no classifier, pooled features out), got {num_classes}")
         self.solver = lc.ODESolver(solver, step_size)
         self.gradient_checkpointing = False
 
@@ -141,7 +146,7 @@ class RecursiveViT(ReleaseLoadingMixin, ModelMixin, ConfigMixin):
         )
         self.step_embedding = nn.Embedding(recursion, embed_dim) if loop_embedding else None
         self.norm = nn.LayerNorm(embed_dim, eps=1e-6)
-        self.head = nn.Linear(embed_dim, num_classes)
+        self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
         self._init_weights()
         # Routers exist only where several steps are fused; R = 1 has exactly the ViT's parameters.
         self.fusions = None
@@ -165,11 +170,51 @@ class RecursiveViT(ReleaseLoadingMixin, ModelMixin, ConfigMixin):
     # -- timm-style surface ----------------------------------------------------------------------
     @property
     def num_classes(self) -> int:
+        """Classifier outputs (0: no classifier); always equal to ``config.num_classes``."""
         return self.config.num_classes
 
     @property
     def num_features(self) -> int:
+        """Width ``d`` of the pooled features the head reads (timm's ``num_features``)."""
         return self.config.embed_dim
+
+    @property
+    def head_hidden_size(self) -> int:
+        """Width of the head's input (timm's ``head_hidden_size``; no pre-logits layer, so ``d``)."""
+        return self.config.embed_dim
+
+    @torch.jit.ignore
+    def get_classifier(self) -> nn.Module:
+        """The classifier, ``nn.Linear(d, num_classes)`` or ``nn.Identity`` when ``num_classes == 0`` (timm)."""
+        return self.head
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """Replace the classifier by a freshly initialised one with ``num_classes`` outputs (timm's semantics).
+
+        ``num_classes=0`` removes it (``nn.Identity``: the forward returns the pooled ``(B, d)`` features). The new
+        ``nn.Linear`` is initialised as in the constructor (truncated normal 0.02, zero bias) on the device and dtype
+        of the model, and ``config.num_classes`` is updated, so ``save_pretrained`` / ``from_pretrained`` round-trip.
+
+        Args:
+            num_classes: outputs of the new head, ``>= 0``.
+            global_pool: ``None`` (keep) or ``"token"``, the only pooling this model has (the class token).
+        """
+        if global_pool is not None and global_pool != "token":
+            raise ValueError(
+                f"RecursiveViT pools the class token only; global_pool={global_pool!r} is not supported "
+                "(pass None or 'token')"
+            )
+        if not isinstance(num_classes, int) or num_classes < 0:
+            raise ValueError(f"num_classes must be an integer >= 0 (0 = remove the classifier), got {num_classes!r}")
+        if num_classes == 0:
+            self.head = nn.Identity()
+        else:
+            ref = self.norm.weight
+            head = nn.Linear(self.config.embed_dim, num_classes, device=ref.device, dtype=ref.dtype)
+            nn.init.trunc_normal_(head.weight, std=0.02)
+            nn.init.zeros_(head.bias)
+            self.head = head
+        self.register_to_config(num_classes=num_classes)
 
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
@@ -337,12 +382,14 @@ class RecursiveViT(ReleaseLoadingMixin, ModelMixin, ConfigMixin):
         return self.norm(z)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        """Normed tokens ``(B, 1 + N, d)`` -> logits ``(B, num_classes)`` (or the class token with ``pre_logits``)."""
+        """Normed tokens ``(B, 1 + N, d)`` -> logits ``(B, num_classes)``; the class token ``(B, d)`` with
+        ``pre_logits`` or when ``num_classes == 0``."""
         cls = x[:, 0]
         return cls if pre_logits else self.head(cls)
 
     def forward(self, x: torch.Tensor, steps: int | None = None) -> torch.Tensor:
-        """Images ``(B, 3, H, W)`` -> logits ``(B, num_classes)``; ``steps`` overrides the recursion."""
+        """Images ``(B, 3, H, W)`` -> logits ``(B, num_classes)`` (features ``(B, d)`` when ``num_classes == 0``);
+        ``steps`` overrides the recursion."""
         last = self.trajectory_length(steps) - 1
         return self.forward_head(self.norm(self._trajectory_states(x, steps, [last])[0]))
 

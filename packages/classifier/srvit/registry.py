@@ -1,17 +1,21 @@
-"""Model registry: ``srvit.create_model(name, **overrides)`` and ``srvit.list_models()``, timm style.
+"""Model registry: ``srvit.create_model(name, pretrained=False, checkpoint_path=None, **overrides)`` and
+``srvit.list_models()``, timm style.
 
 Names: ``vit-ti|s|b`` (DeiT), ``bvit-ti|s|b`` (one block, ``steps`` applications), ``srvit-ti|s|b``
 (``recursion=R``, SoftMoR ``fusion``, default R=4 and ``token``). Overrides replace any
-:class:`srvit.RecursiveViT` argument; ``steps`` is bViT's name for its recursion.
+:class:`srvit.RecursiveViT` argument; ``steps`` is bViT's name for its recursion. No weights are ever
+downloaded: ``pretrained=True`` raises, ``checkpoint_path`` loads a local file.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import os
 from collections.abc import Callable
 from typing import Any
 
 from .model import RecursiveViT
+from .timm_compat import load_checkpoint
 
 # DeiT widths / heads; all use 12 blocks (vit, srvit) of MLP ratio 4 on 16x16 patches of 224x224 images.
 SIZES: dict[str, dict[str, int]] = {
@@ -34,14 +38,33 @@ def list_models(pattern: str | None = None) -> list[str]:
     return [n for n in names if fnmatch.fnmatch(n, pattern)] if pattern else names
 
 
-def create_model(name: str, **overrides: Any) -> RecursiveViT:
+def create_model(
+    name: str, pretrained: bool = False, checkpoint_path: str | os.PathLike | None = None, **overrides: Any
+) -> RecursiveViT:
     """Build the registered model ``name`` with keyword ``overrides`` (e.g. ``recursion=2, num_classes=10``).
+
+    Args:
+        name: a name of :func:`list_models`.
+        pretrained: timm's flag; srvit has no weight hub and never uses the network, so ``True`` raises
+            (pass ``checkpoint_path`` instead).
+        checkpoint_path: a local ``.safetensors`` or ``.pth`` / ``.pt`` state dict (possibly nested under
+            ``model`` / ``state_dict`` / ``model_ema``, as timm's ``load_checkpoint`` reads it) loaded strictly
+            into the built model (:func:`srvit.load_checkpoint`; EMA weights first when the file has them).
+        **overrides: :class:`RecursiveViT` arguments.
 
     Works under ``with torch.device("meta"):`` for free parameter / MAC counts of the large models.
     """
     if name not in _REGISTRY:
         raise KeyError(f"unknown model {name!r}; available: {', '.join(list_models())}")
-    return _REGISTRY[name](**overrides)
+    if pretrained:
+        raise ValueError(
+            f"create_model({name!r}, pretrained=True): srvit downloads no weights (there is no weight hub and no "
+            "network access); pass checkpoint_path='path/to/weights.safetensors' (or .pth) to load a local file"
+        )
+    model = _REGISTRY[name](**overrides)
+    if checkpoint_path is not None:
+        load_checkpoint(model, checkpoint_path)
+    return model
 
 
 def model_arguments(name: str, **overrides: Any) -> dict[str, Any]:

@@ -13,7 +13,7 @@ PRESETS_DIR = Path(__file__).parent / "configs"
 
 # Data-pipeline keys passed to loopdata only when set; None keeps the protocol's default (docs/loopdata.md).
 AUGMENTATION_KEYS = (
-    "randaugment_magnitude", "random_erasing", "mixup_alpha", "cutmix_alpha", "label_smoothing",
+    "randaugment_magnitude", "randaugment_config", "random_erasing", "mixup_alpha", "cutmix_alpha", "label_smoothing",
     "hflip", "scale", "crop_pct",
 )
 
@@ -34,7 +34,9 @@ class TrainConfig:
     batch_size: int = 128  # per rank
     num_workers: int = 4
     shuffle_buffer: int = 1000  # samples; a class-sorted shard (the shared CIFAR ones) needs it to span the shard
-    randaugment_magnitude: int | None = None  # None: the protocol default (imagenet m9, cifar off)
+    randaugment_magnitude: int | None = None  # None: the protocol default (imagenet m9, cifar off); timm's 0..10 scale
+    randaugment_config: str | None = None  # a full timm RandAugment string, e.g. rand-m9-mstd0.5-inc1 (wins when set)
+    repeated_aug: int = 1  # r > 1: each sample r times per epoch, independently augmented (DeiT: 3; loopdata.repeated)
     random_erasing: float | None = None
     mixup_alpha: float | None = None
     cutmix_alpha: float | None = None
@@ -72,7 +74,7 @@ class TrainConfig:
         if self.protocol not in ("imagenet", "cifar"):
             raise ConfigError(f"protocol must be imagenet or cifar, got {self.protocol!r}")
         for key in ("batch_size", "checkpoint_every", "log_every", "num_classes", "resolution", "lr_reference_batch",
-                    "shuffle_buffer"):
+                    "shuffle_buffer", "repeated_aug"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"{key} must be >= 1, got {getattr(self, key)}")
         if self.max_steps is not None and self.max_steps < 1:
@@ -88,6 +90,11 @@ class TrainConfig:
             raise ConfigError(f"eval_weights must be ema or model, got {self.eval_weights!r}")
         if not 0.0 <= self.drop_path_rate < 1.0:
             raise ConfigError(f"drop_path_rate must be in [0, 1), got {self.drop_path_rate}")
+        if self.repeated_aug > 1 and self.shuffle_buffer <= 1:
+            raise ConfigError(
+                f"repeated_aug={self.repeated_aug} needs shuffle_buffer > 1 to spread the copies of a sample apart "
+                f"(got shuffle_buffer={self.shuffle_buffer}); set shuffle_buffer to a few batches or repeated_aug=1"
+            )
         reserved = {"num_classes", "img_size", "drop_path_rate", "deep_supervision_every"} & set(self.model_overrides)
         if reserved:
             raise ConfigError(
@@ -105,7 +112,8 @@ class TrainConfig:
 
     def data_options(self) -> dict[str, Any]:
         """Classification options for :func:`loopdata.make_loader` (protocol defaults where unset)."""
-        options: dict[str, Any] = {"protocol": self.protocol, "num_classes": self.num_classes}
+        options: dict[str, Any] = {"protocol": self.protocol, "num_classes": self.num_classes,
+                                   "repeated_aug": self.repeated_aug}
         for key in AUGMENTATION_KEYS:
             value = getattr(self, key)
             if value is not None:

@@ -218,8 +218,23 @@ class Trainer(TrainingLoop):
             {"weights": cfg.eval_weights, "model": cfg.model, "protocol": cfg.protocol}, outcome,
             {"peak_lr": self.lr, "validation": self.validation, "epochs": self.step / max(self.loader.num_batches, 1),
              "parameters": parameters},
+            card_facts=self.card_facts(),
         )
         return self.result(outcome, release, self.validation)
+
+
+    def card_facts(self) -> dict[str, Any]:
+        """Model-card lines: the protocol, epochs and the last validation (top-1/top-5 with image count)."""
+        cfg = self.config
+        facts: dict[str, Any] = {"protocol": f"{cfg.protocol} at {cfg.resolution}², {cfg.num_classes} classes",
+                                 "measure_command": "srvit eval --checkpoint <this folder> --data <shards> --out DIR"}
+        if self.validation:
+            last = self.validation[-1]
+            facts["metrics"] = {
+                "validation top-1": f"{100 * last['top1']:.2f}% on {last['num_images']} images (step {last['step']})",
+                "validation top-5": f"{100 * last['top5']:.2f}%" if "top5" in last else "not measured",
+            }
+        return facts
 
 
 def train(

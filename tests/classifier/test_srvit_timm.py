@@ -1,0 +1,207 @@
+"""srvit's timm surface: create_model(pretrained, checkpoint_path), the classifier API, and the DeiT weight recipe."""
+
+from pathlib import Path
+
+import pytest
+import timm
+import torch
+from safetensors.torch import save_file
+from timm.layers import resample_abs_pos_embed
+from torch import nn
+
+import srvit
+from loopcore.flops import count_parameters
+
+TINY = dict(img_size=16, patch_size=4, num_classes=7, embed_dim=24, num_heads=2, depth=2)
+
+
+def tiny(name: str = "vit-s", **overrides) -> srvit.RecursiveViT:
+    return srvit.create_model(name, **{**TINY, **overrides}).eval()
+
+
+def randomize_(model: nn.Module, std: float = 0.05) -> nn.Module:
+    """Perturb every parameter (LayerNorm weights away from 1, biases away from 0): a swapped mapping then shows."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * std)
+    return model
+
+
+def timm_vit(**kwargs) -> timm.models.vision_transformer.VisionTransformer:
+    """A timm VisionTransformer in DeiT's layout at a tiny size (class token, qkv bias, LayerNorm 1e-6)."""
+    args = dict(img_size=16, patch_size=4, num_classes=7, embed_dim=24, depth=2, num_heads=2)
+    return timm.models.vision_transformer.VisionTransformer(**{**args, **kwargs}).eval()
+
+
+# -- create_model(pretrained=..., checkpoint_path=...) -------------------------------------------------------------
+def test_pretrained_true_refuses_to_download_and_names_checkpoint_path() -> None:
+    with pytest.raises(ValueError, match="downloads no weights.*checkpoint_path"):
+        srvit.create_model("vit-s", pretrained=True)
+    assert isinstance(srvit.create_model("vit-ti", pretrained=False, **TINY), srvit.RecursiveViT)
+
+
+def test_checkpoint_path_loads_safetensors_and_nested_pth_files(tmp_path: Path) -> None:
+    source = randomize_(tiny("srvit-s", recursion=2))
+    ema = randomize_(tiny("srvit-s", recursion=2))
+    x = torch.randn(2, 3, 16, 16)
+    save_file({k: v.contiguous() for k, v in source.state_dict().items()}, tmp_path / "w.safetensors")
+    torch.save({"state_dict": {f"module.{k}": v for k, v in source.state_dict().items()}}, tmp_path / "ddp.pth")
+    # timm's load_checkpoint semantics: EMA weights win when the file has them
+    torch.save({"model": source.state_dict(), "model_ema": ema.state_dict(), "epoch": 3}, tmp_path / "train.pt")
+    for name, expected in (("w.safetensors", source), ("ddp.pth", source), ("train.pt", ema)):
+        loaded = srvit.create_model("srvit-s", checkpoint_path=tmp_path / name, **{**TINY, "recursion": 2}).eval()
+        assert torch.equal(loaded(x), expected(x)), name
+    plain = srvit.create_model("srvit-s", **{**TINY, "recursion": 2}).eval()
+    srvit.load_checkpoint(plain, tmp_path / "train.pt", use_ema=False)
+    assert torch.equal(plain(x), source(x))
+
+
+def test_checkpoint_path_errors_name_the_file_and_the_keys(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="nope.pth"):
+        srvit.create_model("vit-s", checkpoint_path=tmp_path / "nope.pth", **TINY)
+    save_file(tiny("srvit-s", recursion=2).state_dict(), tmp_path / "sr.safetensors")
+    with pytest.raises(srvit.CheckpointLoadError, match=r"sr\.safetensors.*unexpected keys: fusions\.0\."):
+        srvit.create_model("vit-s", checkpoint_path=tmp_path / "sr.safetensors", **TINY)
+    with pytest.raises(srvit.CheckpointLoadError, match=r"sr\.safetensors.*missing keys: blocks\.2\."):
+        srvit.create_model("srvit-s", checkpoint_path=tmp_path / "sr.safetensors", **{**TINY, "recursion": 2,
+                                                                                        "depth": 3})
+    with pytest.raises(srvit.CheckpointLoadError, match=r"shape mismatches: head\.bias: file \(7,\) vs model \(3,\)"):
+        srvit.create_model("srvit-s", checkpoint_path=tmp_path / "sr.safetensors", **{**TINY, "recursion": 2,
+                                                                                        "num_classes": 3})
+    (tmp_path / "junk.pth").write_bytes(b"not a checkpoint")
+    with pytest.raises(srvit.CheckpointLoadError, match="junk.pth: cannot read a state dict"):
+        srvit.create_model("vit-s", checkpoint_path=tmp_path / "junk.pth", **TINY)
+    torch.save({"model": {"head.weight": torch.zeros(1), "step": 3}}, tmp_path / "mixed.pth")
+    with pytest.raises(srvit.CheckpointLoadError, match="non-tensor entries step"):
+        srvit.read_checkpoint(tmp_path / "mixed.pth")
+
+
+# -- get_classifier / reset_classifier / num_classes=0 ---------------------------------------------------------------
+def test_num_classes_zero_is_an_identity_head_returning_pooled_features() -> None:
+    model = tiny(num_classes=0)
+    assert isinstance(model.get_classifier(), nn.Identity) and model.num_classes == 0 == model.config.num_classes
+    x = torch.randn(3, 3, 16, 16)
+    features = model(x)
+    assert features.shape == (3, 24) == (3, model.num_features)
+    torch.testing.assert_close(features, model.forward_features(x)[:, 0])  # the final-normed class token
+    with torch.device("meta"):
+        assert count_parameters(srvit.create_model("vit-s")) - count_parameters(
+            srvit.create_model("vit-s", num_classes=0)) == 384 * 1000 + 1000
+    with pytest.raises(ValueError, match="num_classes must be >= 0"):
+        tiny(num_classes=-1)
+
+
+def test_reset_classifier_follows_timm_and_keeps_the_config_in_step(tmp_path: Path) -> None:
+    model = randomize_(tiny("srvit-s", recursion=2))
+    x = torch.randn(2, 3, 16, 16)
+    pooled = model.forward_head(model.forward_features(x), pre_logits=True)
+    assert model.get_classifier() is model.head and model.get_classifier().out_features == 7
+
+    model.reset_classifier(0)
+    assert isinstance(model.get_classifier(), nn.Identity) and model.num_classes == 0 == model.config.num_classes
+    torch.testing.assert_close(model(x), pooled)  # the same trunk: the features the old head read
+
+    model.reset_classifier(5, global_pool="token")
+    head = model.get_classifier()
+    assert isinstance(head, nn.Linear) and (head.in_features, head.out_features) == (24, 5)
+    assert torch.count_nonzero(head.bias) == 0 and 0.005 < head.weight.std() < 0.05  # constructor's init
+    assert model(x).shape == (2, 5) and model.num_classes == 5 == model.config.num_classes
+    model.save_pretrained(tmp_path / "reset")
+    loaded = srvit.RecursiveViT.from_pretrained(tmp_path / "reset").eval()
+    assert loaded.num_classes == 5 and torch.equal(loaded(x), model(x))
+
+    model.reset_classifier(0)
+    model.save_pretrained(tmp_path / "features")
+    loaded = srvit.RecursiveViT.from_pretrained(tmp_path / "features").eval()
+    assert isinstance(loaded.head, nn.Identity) and torch.equal(loaded(x), model(x))
+
+    with pytest.raises(ValueError, match="global_pool='avg'"):
+        model.reset_classifier(3, global_pool="avg")
+    with pytest.raises(ValueError, match="num_classes must be an integer >= 0"):
+        model.reset_classifier(-2)
+    double = tiny().to(torch.float64)
+    double.reset_classifier(4)
+    assert double.head.weight.dtype == torch.float64
+
+
+# -- the DeiT state-dict recipe --------------------------------------------------------------------------------------
+def test_deit_small_weights_through_the_recipe_give_timms_logits() -> None:
+    """The real deit_small_patch16_224 at full size (random init, no download), fp32 eval, to 1e-5."""
+    ref = randomize_(timm.create_model("deit_small_patch16_224", pretrained=False), std=0.02).eval()
+    ours = srvit.create_model("vit-s").eval()
+    assert srvit.load_timm_vit_state_dict(ours, ref.state_dict()) == []
+    x = torch.randn(2, 3, 224, 224)
+    with torch.no_grad():
+        expected = ref(x)
+        assert expected.std() > 0.1  # not a degenerate comparison
+        torch.testing.assert_close(ours(x), expected, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(ours.forward_features(x), ref.forward_features(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("timm_name", "srvit_name"), [("deit_tiny_patch16_224", "vit-ti"),
+                                                       ("deit_small_patch16_224", "vit-s"),
+                                                       ("deit_base_patch16_224", "vit-b")])
+def test_every_deit_maps_key_for_key_and_shape_for_shape_on_meta(timm_name: str, srvit_name: str) -> None:
+    with torch.device("meta"):
+        ref = timm.create_model(timm_name, pretrained=False)
+        ours = srvit.create_model(srvit_name)
+        converted = srvit.convert_timm_vit_state_dict(ref.state_dict(), ours)
+    own = ours.state_dict()
+    assert set(converted) == set(own) and len(own) == 152
+    assert all(converted[k].shape == own[k].shape for k in own)
+
+
+def test_deit_warm_starts_srvit_leaving_only_the_routers_at_init() -> None:
+    with torch.device("meta"):
+        ref = timm.create_model("deit_small_patch16_224", pretrained=False)
+        sr = srvit.create_model("srvit-s", recursion=4)
+        left = srvit.load_timm_vit_state_dict(sr, ref.state_dict())
+    assert left and all(k.startswith("fusions.") for k in left)
+    assert len(left) == sum(1 for k in sr.state_dict() if k.startswith("fusions."))
+    small = randomize_(timm_vit())
+    sr_small = tiny("srvit-s", recursion=1)  # R = 1: no routers, exactly the ViT
+    assert srvit.load_timm_vit_state_dict(sr_small, small.state_dict()) == []
+    x = torch.randn(2, 3, 16, 16)
+    torch.testing.assert_close(sr_small(x), small(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("timm_name", "message"), [
+    ("deit_small_distilled_patch16_224", "distillation token.*dist_token"),
+    ("deit3_small_patch16_224", "LayerScale.*ls1.gamma"),
+    ("vit_small_patch16_224.augreg_in21k", None),  # same layout: loads
+])
+def test_timm_features_srvit_lacks_are_refused_by_name(timm_name: str, message: str | None) -> None:
+    with torch.device("meta"):
+        ref = timm.create_model(timm_name, pretrained=False, num_classes=1000)
+        ours = srvit.create_model("vit-s")
+        if message is None:
+            assert srvit.load_timm_vit_state_dict(ours, ref.state_dict()) == []
+            return
+        with pytest.raises(srvit.CheckpointLoadError, match=message):
+            srvit.load_timm_vit_state_dict(ours, ref.state_dict())
+
+
+def test_recipe_mismatches_say_what_to_pass() -> None:
+    ref = randomize_(timm_vit())
+    with pytest.raises(srvit.CheckpointLoadError, match=r"srvit parameters timm lacks: blocks\.2\..*depth"):
+        srvit.load_timm_vit_state_dict(tiny(depth=3), ref.state_dict())
+    with pytest.raises(srvit.CheckpointLoadError, match="keys outside the timm DeiT/ViT layout: extra.weight"):
+        srvit.load_timm_vit_state_dict(tiny(), {**ref.state_dict(), "extra.weight": torch.zeros(1)})
+
+    with pytest.raises(srvit.CheckpointLoadError, match=r"head\.weight: timm \(7, 24\) vs srvit \(3, 24\).*load_head"):
+        srvit.load_timm_vit_state_dict(tiny(num_classes=3), ref.state_dict())
+    other = tiny(num_classes=3)
+    head_before = other.head.weight.clone()
+    assert srvit.load_timm_vit_state_dict(other, ref.state_dict(), load_head=False) == ["head.bias", "head.weight"]
+    assert torch.equal(other.head.weight, head_before) and torch.equal(other.blocks[1].mlp.fc2.weight,
+                                                                       ref.blocks[1].mlp.fc2.weight)
+
+    bigger = tiny(img_size=32)
+    with pytest.raises(srvit.CheckpointLoadError, match=r"pos_embed: timm \(1, 17, 24\) vs srvit \(1, 65, 24\)"
+                                                        r".*resample_pos_embed=True"):
+        srvit.load_timm_vit_state_dict(bigger, ref.state_dict())
+    assert srvit.load_timm_vit_state_dict(bigger, ref.state_dict(), resample_pos_embed=True) == []
+    expected = resample_abs_pos_embed(ref.pos_embed.detach(), new_size=[8, 8], num_prefix_tokens=1)
+    assert torch.equal(bigger.pos_embed.detach(), expected)
+    assert torch.equal(bigger.pos_embed[:, 0], ref.pos_embed[:, 0])  # the class token's position is carried over
+    assert torch.isfinite(bigger(torch.randn(1, 3, 32, 32))).all()
