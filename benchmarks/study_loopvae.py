@@ -41,6 +41,7 @@ import torch
 import loopdata
 from loopcore.checkpoint import sha256_file
 from loopcore.flops import count_macs, count_parameters
+from loopcore.release import WEIGHTS_NAME, release_weights_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from study_vae_data import StudyData, prepare_study_data  # noqa: E402
@@ -352,7 +353,7 @@ def reading(r: dict[str, Any]) -> list[str]:
     best = r["bundled"]["name"]
     margin = ev[best]["kodak"]["psnr"] - bic
     lines.append(f"- **Against bicubic (kodim21-24).** The best global LoopVAE ({best}) is {margin:+.2f} dB from the "
-                 f"bicubic baseline ({bic:.2f} dB at ≥ equal values per pixel); the issue's target is ≥ +1.0 dB: "
+                 f"bicubic baseline ({bic:.2f} dB at ≥ equal values per pixel); the project's target is ≥ +1.0 dB: "
                  f"{'met' if margin >= 1.0 else 'not met'}.")
     order = sorted(("global", "scale", "none"), key=lambda g: -statistics.fmean(psnr(g, "imagenet")))
     spread = statistics.fmean(psnr(order[0], "imagenet")) - statistics.fmean(psnr(order[-1], "imagenet"))
@@ -533,7 +534,8 @@ def render(r: dict[str, Any], command: str) -> str:
               "## Interventions (paper Table 7 side by side)", "",
               f"On `{r['bundled']['name']}` (the best global LoopVAE by held-out ImageNet PSNR; bundled as "
               f"`{r['bundled']['path']}`), {r['interventions'][r['bundled']['name']]['num_images']} images "
-              "(kodim21–24 + held-out ImageNet), posterior mode. PSNR clipped / raw (dB), out-of-range pixels.", "",
+              "(kodim21–24 + held-out ImageNet), posterior mode. PSNR clipped / raw (dB) on the float output u in "
+              "[0, 1] (clip(u) / u, the paper's protocol, not uint8), out-of-range pixels.", "",
               "| branch | scale | L | k=1 | k=2 | k=3 | k=4 | bypass loss per pass (dB) |",
               "|---|---|---:|---|---|---|---|---|"]
     iv = r["interventions"][r["bundled"]["name"]]
@@ -569,7 +571,8 @@ def render(r: dict[str, Any], command: str) -> str:
     b = r["bundled"]
     lines += ["## The bundled model", "",
               f"`{b['path']}` = the release of `{b['name']}` (EMA weights, {b['params']:,} parameters), "
-              f"`model.safetensors` sha256 `{b['sha256']}`. Reproduce: `{command}` (it retrains and re-bundles), or "
+              f"`{WEIGHTS_NAME}` sha256 `{b['sha256']}`. Reproduce: `{command}` (it retrains and re-bundles), "
+              "or "
               f"the single run: `loopvae train --config {PRESET} --data <the study's training shards> --out RUN "
               f"--set {' '.join(b['overrides'])}`.", ""]
     return "\n".join(lines)
@@ -594,7 +597,7 @@ A CPU-scale LoopVAE (`loopvae-cnn-tiny`: width 48, K = 2 ConvNeXt adaLN-Zero blo
 * decoder finest stage, PSNR with k = 1..4 passes: {' → '.join(f"{p['psnr']:.2f}" for p in dec['prefix'])} dB
   (the study's {len(iv['keys'])} intervention images: kodim21–24 and held-out ImageNet)
 * protocol: posterior mode, uint8 outputs, PSNR per image averaged, SSIM Gaussian 11×11 σ = 1.5
-* `model.safetensors` sha256: `{b['sha256']}`
+* `diffusion_pytorch_model.safetensors` sha256: `{b['sha256']}`
 
 Load: `loopvae.LoopVAE.from_pretrained("{b['path']}")`; every `loopvae` command takes the folder as
 `--checkpoint`. Details: `docs/study_loopvae.md`.
@@ -673,7 +676,7 @@ def main() -> int:
     release = runs / best / "release"
     bundle_path = args.bundle or str(release)
     result["bundled"] = {"name": best, "path": bundle_path, "params": counted["global"][0],
-                         "sha256": sha256_file(release / "model.safetensors"),
+                         "sha256": sha256_file(release_weights_file(release)),
                          "overrides": next(a.overrides for a in selected if a.name == best)}
     result["train_s"] = timings.data["train_wall"]
     result["post_s"] = sum(timings.data["post"].values())
@@ -686,8 +689,12 @@ def main() -> int:
         if target.exists():
             shutil.rmtree(target)
         target.mkdir(parents=True)
-        for name in ("config.json", "model.safetensors", "release.json"):
+        for name in ("config.json", "release.json"):
             shutil.copy2(release / name, target / name)
+        shutil.copy2(release_weights_file(release), target / WEIGHTS_NAME)  # runs may predate the diffusers name
+        info = json.loads((target / "release.json").read_text())
+        info["weights_file"] = WEIGHTS_NAME
+        (target / "release.json").write_text(json.dumps(info, indent=2, sort_keys=True))
         write_model_card(target, result, command)
     for name in ("psnr_vs_passes.png", "bypass_loss.png", "relative_update.png", "interventions.md"):
         shutil.copy2(runs / best / "interventions" / name, out.with_suffix("") / f"{best}-{name}")
