@@ -17,6 +17,8 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from tqdm import tqdm
+
 from .decode import DecodeError, decode_pil, image_size
 from .keys import key_problem
 from .shards import (
@@ -230,9 +232,10 @@ class CheckReport:
 
 def check_shards(
     urls: Sequence[str], decode: bool = True, num_classes: int | None = None, workers: int = 1,
-    max_pixels: int | None = None,
+    max_pixels: int | None = None, progress: bool = False,
 ) -> CheckReport:
     """Check shards (see module docstring); ``workers > 1`` checks shards in parallel processes.
+    ``progress`` shows a bar over the shards on stderr.
 
     ``num_classes`` defaults to the ``num_classes`` recorded in ``_info.json`` by ``loopdata write``.
     """
@@ -247,11 +250,18 @@ def check_shards(
                 recorded_classes = recorded_classes or split.get("num_classes")
     args = [(u, decode, entries.get(os.path.join(os.path.dirname(u), os.path.basename(u))), max_pixels)
             for u in urls]
-    if workers > 1 and len(urls) > 1:
-        with ProcessPoolExecutor(min(workers, len(urls))) as pool:
-            shards = list(pool.map(check_shard, *zip(*args)))
-    else:
-        shards = [check_shard(*a) for a in args]
+    with tqdm(total=len(args), desc="check", unit="shard", disable=not progress, dynamic_ncols=True) as bar:
+        if workers > 1 and len(urls) > 1:
+            with ProcessPoolExecutor(min(workers, len(urls))) as pool:
+                shards = []
+                for shard in pool.map(check_shard, *zip(*args)):
+                    shards.append(shard)
+                    bar.update(1)
+        else:
+            shards = []
+            for a in args:
+                shards.append(check_shard(*a))
+                bar.update(1)
     num_classes = num_classes if num_classes is not None else recorded_classes
     problems: list[str] = []
     notes: list[str] = []

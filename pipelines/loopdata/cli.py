@@ -20,6 +20,8 @@ import re
 import sys
 from collections import defaultdict
 
+from tqdm import tqdm
+
 from . import bundle_kodak
 from .checker import check_shards
 from .errors import one_line
@@ -88,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-verify", action="store_true", help="do not decode images (header check only)")
     p.add_argument("--overwrite", action="store_true", help="replace existing shards with the same prefix")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     p = sub.add_parser("check", help="verify shards: counts, sha256, decoding, labels; exit 1 on any problem")
     p.add_argument("urls", nargs="+", help="shards: paths, globs, brace patterns, directories, comma lists")
@@ -95,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-classes", type=_positive_int, help="expected classes (default: from _info.json)")
     p.add_argument("--no-decode", action="store_true", help="check image headers only (faster)")
     p.add_argument("--workers", type=_positive_int, default=1, help="shards checked in parallel")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--max-pixels", type=_positive_int, default=None,
                    help="images with more pixels fail (decompression-bomb guard; default $LOOPDATA_MAX_PIXELS "
                         "or 67108864)")
@@ -110,6 +114,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _ProgressBar:
+    """``progress(done, total)`` callback drawing a tqdm bar on stderr (created at the first call)."""
+
+    def __init__(self, desc: str, unit: str) -> None:
+        self.desc, self.unit, self.bar = desc, unit, None
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.bar is None:
+            self.bar = tqdm(total=total, desc=self.desc, unit=self.unit, dynamic_ncols=True)
+        self.bar.n = done
+        self.bar.refresh()
+        if done >= total:
+            self.bar.close()
+
+
 def _write(args: argparse.Namespace) -> int:
     report = write_shards(
         args.src,
@@ -123,6 +142,7 @@ def _write(args: argparse.Namespace) -> int:
         max_size=args.max_size,
         verify=not args.no_verify,
         overwrite=args.overwrite,
+        progress=None if args.no_progress else _ProgressBar("write", "file"),
     )
     for path, count in zip(report.shards, report.counts):
         print(f"{path}\t{count} samples")
@@ -139,7 +159,7 @@ def _write(args: argparse.Namespace) -> int:
 def _check(args: argparse.Namespace) -> int:
     report = check_shards(
         expand_urls(args.urls), decode=not args.no_decode, num_classes=args.num_classes, workers=args.workers,
-        max_pixels=args.max_pixels,
+        max_pixels=args.max_pixels, progress=not args.no_progress,
     )
     print(json.dumps(report.to_dict(), indent=2) if args.json else report.format_text())
     return 0 if report.ok else 1

@@ -80,7 +80,9 @@ def expand_urls(urls: str | os.PathLike | Sequence[str | os.PathLike], must_exis
     Accepts one string or a list of strings/paths. Each string may hold several entries separated by
     commas, whitespace or ``::`` (only ``::`` for ``pipe:`` commands). Each entry may be a brace pattern
     (``shard-{000000..000003}.tar``), a glob (``data/*.tar``, sorted), a directory (all its ``*.tar``,
-    sorted) or a plain path/URL. Non-local URLs (``http://``, ``pipe:`` ...) are passed through unchanged.
+    sorted), a folder of image files without shards (read recursively as ``folder:`` chunks, see
+    :mod:`loopdata.folders`) or a plain path/URL. Non-local URLs (``http://``, ``pipe:`` ...) are passed
+    through unchanged.
 
     Raises:
         ValueError: nothing matched, an entry matched no file, a local shard is missing
@@ -98,7 +100,15 @@ def expand_urls(urls: str | os.PathLike | Sequence[str | os.PathLike], must_exis
                 if path.is_dir():
                     found = sorted(str(p) for p in path.glob("*.tar"))
                     if not found:
-                        raise ValueError(f"directory {path} holds no *.tar shards")
+                        from .folders import folder_chunk_urls, holds_images
+
+                        if not holds_images(path):
+                            raise ValueError(
+                                f"directory {path} holds neither *.tar shards nor image files; --data takes "
+                                "WebDataset shards (a brace pattern, a glob, a directory of *.tar) or a folder "
+                                "of images (jpg, png, ...; read recursively)"
+                            )
+                        found = folder_chunk_urls(path)
                     result.extend(found)
                 elif _GLOB_CHARS.search(url):
                     found = sorted(glob.glob(os.fspath(path)))
@@ -173,6 +183,10 @@ def count_samples(url: str) -> int:
     Uses the same grouping rule as webdataset: consecutive members with the same key (file name up to
     the first dot) form one sample; ``__*__`` metadata members are ignored.
     """
+    from .folders import folder_chunk_count, is_folder_url
+
+    if is_folder_url(url):
+        return folder_chunk_count(url)
     if not is_local(url):
         raise ValueError(
             f"cannot count samples of remote shard {url}: put an {INFO_NAME} with shard_lengths next to it"
@@ -196,9 +210,14 @@ def count_samples(url: str) -> int:
 
 def shard_counts(urls: Sequence[str], compute_missing: bool = True) -> list[int]:
     """Samples per shard, from each directory's ``_info.json``, counting tar headers where missing."""
+    from .folders import folder_chunk_count, is_folder_url
+
     infos: dict[str, dict[str, dict[str, Any]]] = {}
     counts = []
     for url in urls:
+        if is_folder_url(url):
+            counts.append(folder_chunk_count(url))
+            continue
         directory = os.path.dirname(url)
         if directory not in infos:
             info = read_info(local_path(directory or ".")) if is_local(url) else _read_remote_info(directory)
@@ -280,6 +299,11 @@ def iter_samples(url: str) -> Iterator[dict[str, Any]]:
     ``group_by_keys``), so any URL ``webdataset.gopen`` can open works. Errors are re-raised as
     :class:`ShardReadError` naming the shard.
     """
+    from .folders import is_folder_url, iter_folder_samples
+
+    if is_folder_url(url):
+        yield from iter_folder_samples(url)
+        return
     stream = wds.tariterators.url_opener([{"url": url}], handler=wds.reraise_exception)
     files = wds.tariterators.tar_file_expander(stream, handler=wds.reraise_exception)
     samples = wds.tariterators.group_by_keys(files, handler=wds.reraise_exception)

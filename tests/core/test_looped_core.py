@@ -23,7 +23,7 @@ def sample(kind: str = "conv", dim: int = 32) -> torch.Tensor:
 
 def manual_recursion(core: lc.LoopedCore, h0: torch.Tensor, scale: int, passes: int,
                      bypass: int | None = None) -> list[torch.Tensor]:
-    """The SPEC's recursion written out longhand: h_{t+1} = Core(h_t + [t>0] g_s P_s(h_0), c_{s,t})."""
+    """The looped core's recursion written out longhand: h_{t+1} = Core(h_t + [t>0] g_s P_s(h_0), c_{s,t})."""
     states, h = [], h0
     for t in range(passes):
         x = h if t == 0 else h + core.injection_gates[str(scale)] * core.injections[str(scale)](h0)

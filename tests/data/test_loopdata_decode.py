@@ -18,7 +18,8 @@ BAD = ("truncated", "zero_bytes", "text")
 
 
 def hard_samples() -> dict[str, bytes]:
-    """The issue's problem cases plus a few more modes, keyed by sample key."""
+    """Hostile inputs (a truncated JPEG, a zero-byte file, a text file named .jpg) and awkward modes
+    (CMYK, palette with alpha, 16-bit grey/RGB PNG, tiny, grey, RGBA, normal), keyed by sample key."""
     full = jpeg(64, 48, seed=3)
     return {
         "truncated": full[: len(full) // 2],

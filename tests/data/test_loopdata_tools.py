@@ -210,7 +210,12 @@ def test_cli_write_info_and_module_entry_point(tmp_path, class_tree, capsys):
         )
         == 0
     )
-    assert "wrote 12 samples in 4 shard(s)" in capsys.readouterr().out
+    written = capsys.readouterr()
+    assert "wrote 12 samples in 4 shard(s)" in written.out
+    assert "write: 100%" in written.err and "12/12" in written.err  # the progress bar, on stderr
+    assert main(["check", str(tmp_path / "out")]) == 0
+    checked = capsys.readouterr()
+    assert "check: 100%" in checked.err and "4/4" in checked.err
     (tmp_path / "out" / "_info.json").unlink()
     assert main(["info", str(tmp_path / "out"), "--write", "--split", "t"]) == 0
     assert "total\t12" in capsys.readouterr().out

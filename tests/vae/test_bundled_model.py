@@ -9,6 +9,7 @@ import torch
 import loopdata
 import loopvae
 from loopcore.checkpoint import sha256_file
+from loopcore.release import WEIGHTS_NAME
 from loopvae import LoopVAE
 from loopvae.demo import bundled_model_dir
 from loopvae.intervene import run_interventions
@@ -29,11 +30,11 @@ def kodak_val() -> torch.Tensor:
 
 def test_the_artifact_is_what_its_card_and_release_json_say() -> None:
     folder = bundled_model_dir()
-    digest = sha256_file(folder / "model.safetensors")
+    digest = sha256_file(folder / WEIGHTS_NAME)
     assert json.loads((folder / "release.json").read_text())["sha256"] == digest
     card = (folder / "README.md").read_text()
     assert digest in card and "make study-vae" in card
-    assert (folder / "model.safetensors").stat().st_size < 5 * 2**20  # "a few MB"
+    assert (folder / WEIGHTS_NAME).stat().st_size < 5 * 2**20  # "a few MB"
 
 
 def test_it_is_the_registered_tiny_architecture_without_shortcuts(bundled: LoopVAE) -> None:

@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 from loopcore.checkpoint import sha256_file
+from loopcore.release import WEIGHTS_NAME
 from loopvae.demo import TIMED_MODELS, bundled_model_dir, run_demo
 
 
@@ -14,7 +15,7 @@ def test_demo_evaluates_intervenes_and_profiles_the_bundled_model(tmp_path: Path
     bundled = bundled_model_dir()
     metrics = json.loads((out / "eval" / "metrics.json").read_text())
     assert metrics["model"]["source"] == str(bundled) and metrics["num_images"] == 4
-    assert metrics["weights_sha256"]["model/model.safetensors"] == sha256_file(bundled / "model.safetensors")
+    assert metrics["weights_sha256"]["model/diffusion_pytorch_model.safetensors"] == sha256_file(bundled / WEIGHTS_NAME)
     short = json.loads((out / "eval-short-run" / "metrics.json").read_text())
     assert short["model"]["kind"] == "run-checkpoint" and short["model"]["step"] == 3
     interventions = json.loads((out / "interventions" / "interventions.json").read_text())

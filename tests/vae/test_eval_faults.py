@@ -118,6 +118,12 @@ def _release_with(tmp_path: Path, tiny_run, edit) -> Path:
     return folder
 
 
+def _as_legacy_garbage(folder: Path) -> None:
+    """A release of the old layout (``model.safetensors``) whose weights file is damaged."""
+    (folder / "diffusion_pytorch_model.safetensors").unlink()
+    (folder / "model.safetensors").write_bytes(b"\x00garbage" * 10)
+
+
 def _set_width(folder: Path, value) -> None:
     config = json.loads((folder / "config.json").read_text())
     config["width"] = value
@@ -125,8 +131,9 @@ def _set_width(folder: Path, value) -> None:
 
 
 @pytest.mark.parametrize("case,edit,fragments", [
-    ("garbage safetensors", lambda f: (f / "model.safetensors").write_bytes(b"\x00garbage" * 10),
-     ["model.safetensors is not a readable safetensors file"]),
+    ("garbage safetensors", lambda f: (f / "diffusion_pytorch_model.safetensors").write_bytes(b"\x00garbage" * 10),
+     ["diffusion_pytorch_model.safetensors is not a readable safetensors file"]),
+    ("garbage legacy safetensors", _as_legacy_garbage, ["model.safetensors is not a readable safetensors"]),
     ("malformed config.json", lambda f: (f / "config.json").write_text("{not json"), ["config.json"]),
     ("wrongly-typed config.json", lambda f: _set_width(f, "wide"),
      ["config.json: key 'width' must be an integer, got 'wide'"]),

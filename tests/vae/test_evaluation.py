@@ -159,7 +159,9 @@ def test_bicubic_baseline_keeps_at_least_the_latent_values_per_pixel() -> None:
     x = torch.rand(2, 3, 256, 256) * 2 - 1
     rec, (h, w) = bicubic_baseline(x, 16 / 64)
     assert rec.shape == x.shape and 3 * h * w >= 0.25 * 256 * 256 and (h, w) == (74, 74)
-    stats = range_statistics(torch.tensor([[[[1.5]], [[0.0]], [[0.0]]]]), torch.zeros(1, 3, 1, 1))
+    recon = torch.zeros(1, 3, 16, 16)
+    recon[:, 0] = 1.5  # every pixel has one channel out of range, by 0.25 on the [0, 1] scale
+    stats = range_statistics(recon, torch.zeros(1, 3, 16, 16))
     assert float(stats["out_of_range"][0]) == 1.0
     assert float(stats["clip_displacement"][0]) == pytest.approx(0.25 / 3)
 

@@ -103,14 +103,43 @@ def test_diffaugment_properties() -> None:
 
 
 def test_r1_penalty_matches_the_analytic_gradient() -> None:
-    w = torch.randn(1, 3, 8, 8)
+    """R1 = E_x ||grad_x mean_patches D(x)||^2: with patch logits D_p(x) = <x, w_p> + |x|^2 the gradient of
+    the per-sample mean is mean_p(w_p) + 2x."""
+    torch.manual_seed(0)
+    w = torch.randn(5, 3, 8, 8)  # 5 patch logits, each its own linear term
     real = torch.randn(4, 3, 8, 8, requires_grad=True)
-    logits = (real * w).sum(dim=(1, 2, 3)) + (real**2).sum(dim=(1, 2, 3))
+    logits = torch.einsum("bchw,pchw->bp", real, w) + (real**2).sum(dim=(1, 2, 3))[:, None]
     penalty = r1_penalty(real, logits)
-    expected = (w + 2 * real).pow(2).flatten(1).sum(1).mean()
+    expected = (w.mean(0, keepdim=True) + 2 * real).pow(2).flatten(1).sum(1).mean()
     torch.testing.assert_close(penalty, expected)
     penalty.backward()  # differentiable (create_graph)
     assert real.grad is not None
+
+
+def test_r1_penalty_gamma_does_not_depend_on_the_number_of_patch_logits() -> None:
+    """A PatchGAN-shaped map that replicates one logit over 6x6 patches has the penalty of that logit
+    (the gradient of the logits' sum would be 36x larger, the penalty 36^2x)."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Tanh(), torch.nn.Flatten(),
+                              torch.nn.Linear(4 * 14 * 14, 1))
+    real = torch.randn(3, 3, 16, 16, requires_grad=True)
+    single = net(real).squeeze(1)  # (B,): one logit per sample
+    patch_map = single[:, None, None, None].expand(-1, 1, 6, 6)  # (B, 1, 6, 6) PatchGAN shape
+    one = r1_penalty(real, single)
+    many = r1_penalty(real, patch_map)
+    assert float(one.detach()) > 0
+    torch.testing.assert_close(many, one)
+    (grad,) = torch.autograd.grad(single.sum(), real, retain_graph=True)
+    torch.testing.assert_close(one, grad.pow(2).flatten(1).sum(1).mean())  # the single-logit R1 itself
+    # the same holds for token logits (B, N), the DINO discriminator's output shape
+    torch.testing.assert_close(r1_penalty(real, single[:, None].expand(-1, 10)), one)
+    # a real PatchGAN output: mean over its 6x6 logits, checked against an explicit per-sample mean
+    patch = PatchGANDiscriminator(base_channels=32)
+    x = torch.randn(2, 3, 64, 64, requires_grad=True)
+    logits = patch(x)
+    assert logits.shape == (2, 1, 6, 6)
+    (ref_grad,) = torch.autograd.grad(logits.mean(dim=(1, 2, 3)).sum(), x, retain_graph=True)
+    torch.testing.assert_close(r1_penalty(x, logits), ref_grad.pow(2).flatten(1).sum(1).mean())
 
 
 def test_discriminators_shapes_frozen_backbone_and_generator_gradients() -> None:

@@ -17,7 +17,7 @@ from loopvae import LoopVAE
 from loopvae import create_model as loopvae_create
 from loopvae.loading import load_artifact
 from loopvae.train_config import load_train_config
-from loopvae.trainer import NonFiniteLossError, Trainer, train
+from loopvae.trainer import NonFiniteLossError, Trainer, discriminator_optimizer, lazy_regularization_ratio, train
 from lv_testing import FAST, data_urls
 
 
@@ -97,8 +97,35 @@ def test_stage2_from_stage1_artifact_gates_gan_and_logs_adaptive_weight_and_r1(t
         assert (h["adaptive_weight"] > 0) == (step >= 4)
         assert ("r1" in h) == (step % 2 == 0)
         assert "d_loss" in h and "g_loss" in h
-    assert CheckpointManager(tmp_path / "stage2" / "checkpoints").load_latest().state["discriminator"]
+    state = CheckpointManager(tmp_path / "stage2" / "checkpoints").load_latest().state
+    assert state["discriminator"]
+    # the trainer's D optimizer carries the lazy-R1 correction c = k/(k+1) = 2/3 for r1_every=2
+    (group,) = state["d_optimizer"]["param_groups"]
+    assert group["lr"] == pytest.approx(config.disc_lr * 2 / 3)
+    assert group["betas"] == pytest.approx((0.5 ** (2 / 3), 0.9 ** (2 / 3)))
+    # R1 is its own optimizer step (what the correction compensates for): 8 hinge steps + 4 R1 steps
+    d_steps = sum("d_loss" in h for h in result.history)
+    r1_steps = sum("r1" in h for h in result.history)
+    assert (d_steps, r1_steps) == (8, 4)
+    adam_steps = {float(v["step"]) for v in state["d_optimizer"]["state"].values()}
+    # weights the input gradient depends on take every step; e.g. the last bias gets no R1 gradient
+    assert max(adam_steps) == d_steps + r1_steps and min(adam_steps) == d_steps
     assert start.config.width == 48  # started from the stage-1 architecture
+
+
+@pytest.mark.parametrize(("r1_gamma", "r1_every", "c"), [(10.0, 16, 16 / 17), (10.0, 4, 0.8), (10.0, 1, 1.0),
+                                                          (0.0, 16, 1.0)])
+def test_lazy_r1_scales_the_discriminator_adam_lr_and_betas(r1_gamma: float, r1_every: int, c: float) -> None:
+    """StyleGAN2 Appendix B: R1 every k D steps -> lr * c, betas ** c with c = k/(k+1); none when R1 is off
+    (gamma 0) or not lazy (k = 1)."""
+    config = load_train_config("tiny-stage2", [f"r1_gamma={r1_gamma}", f"r1_every={r1_every}"])
+    assert lazy_regularization_ratio(config) == pytest.approx(c)
+    optimizer = discriminator_optimizer([torch.nn.Parameter(torch.zeros(3))], config)
+    assert isinstance(optimizer, torch.optim.AdamW)
+    (group,) = optimizer.param_groups
+    assert (config.disc_lr, tuple(config.disc_betas)) == (1e-4, (0.5, 0.9))  # the tiny-stage2 preset's values
+    assert group["lr"] == pytest.approx(1e-4 * c)
+    assert group["betas"] == pytest.approx((0.5**c, 0.9**c))
 
 
 def test_injected_nan_stops_cleanly_with_the_last_good_checkpoint_intact(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ fit a field's type are errors that name the key, never silently ignored.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import types
 import typing
@@ -84,33 +85,86 @@ def _coerce(name: str, value: Any, annotation: Any) -> Any:
     return value
 
 
+def _merge_dotted(base: Any, path: list[str], value: Any, full_key: str, source: str) -> dict[str, Any]:
+    """``base`` (a mapping) with ``value`` set at the nested ``path``; intermediate mappings are created."""
+    if base is None:
+        base = {}
+    if not isinstance(base, dict):
+        raise ConfigError(f"override {full_key!r} (from {source}) sets an entry of {base!r}, which is not a mapping")
+    merged = dict(base)
+    head, rest = path[0], path[1:]
+    if rest:
+        child = merged.get(head, {})
+        if not isinstance(child, dict):
+            raise ConfigError(
+                f"override {full_key!r} (from {source}): {head!r} holds {child!r}, not a mapping; "
+                f"set {full_key.rsplit('.', len(rest))[0]}=VALUE instead"
+            )
+        merged[head] = _merge_dotted(child, rest, value, full_key, source)
+    else:
+        merged[head] = value
+    return merged
+
+
 def apply_updates(config: T, updates: dict[str, Any], source: str) -> T:
     """Return a copy of dataclass ``config`` with ``updates`` applied (type-checked).
 
-    ``source`` names where the updates came from, for error messages.
+    A dotted key (``model_overrides.patch_size``) sets one entry inside a mapping field and keeps the
+    field's other entries (the preset's), where a plain key replaces the whole value. Keys apply in order,
+    so a later update of the same key wins. ``source`` names where the updates came from, for errors.
     """
     hints = typing.get_type_hints(type(config))
     fields = {f.name for f in dataclasses.fields(config)}
-    changes = {}
+    changes: dict[str, Any] = {}
     for key, value in updates.items():
-        if key not in fields:
-            raise ConfigError(f"unknown config key {key!r} in {source}; valid keys: {', '.join(sorted(fields))}")
+        name, dot, inner = key.partition(".")
+        if name not in fields:
+            raise ConfigError(f"unknown config key {name!r} in {source}; valid keys: {', '.join(sorted(fields))}")
+        if dot:
+            annotation = hints[name]
+            if not (annotation is dict or typing.get_origin(annotation) is dict):
+                raise ConfigError(
+                    f"config key {key!r} in {source}: {name!r} is not a mapping, so it has no entries to set; "
+                    f"use {name}=VALUE"
+                )
+            if not inner or any(not part for part in inner.split(".")):
+                raise ConfigError(f"config key {key!r} in {source} has an empty part; write {name}.ENTRY=VALUE")
+            current = changes.get(name, getattr(config, name))
+            value = _merge_dotted(current, inner.split("."), value, key, source)
         try:
-            changes[key] = _coerce(key, value, hints[key])
+            changes[name] = _coerce(name, value, hints[name])
         except ConfigError as err:
             raise ConfigError(f"{err} (from {source})") from None
     return dataclasses.replace(config, **changes)
 
 
 def parse_overrides(pairs: list[str] | None) -> dict[str, Any]:
-    """``["lr=1e-4", "max_steps=10"]`` -> ``{"lr": 0.0001, "max_steps": 10}`` (values parsed as YAML)."""
+    """``["lr=1e-4", "max_steps=10"]`` -> ``{"lr": 0.0001, "max_steps": 10}`` (values parsed as YAML).
+
+    Keys may be dotted (``model_overrides.patch_size=4``, see :func:`apply_updates`); the order of
+    ``pairs`` is kept, and a key given twice takes its last value.
+    """
     out: dict[str, Any] = {}
     for pair in pairs or []:
         key, sep, raw = pair.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"override {pair!r} is not key=value")
-        out[key.strip()] = yaml.safe_load(raw) if raw.strip() else ""
+        key = key.strip()
+        out.pop(key, None)  # re-insert so that the order of application is the order on the command line
+        out[key] = yaml.safe_load(raw) if raw.strip() else ""
     return out
+
+
+def add_override_argument(parser: argparse.ArgumentParser, help_text: str = "override config keys") -> None:
+    """``--set KEY=VALUE ...``, repeatable: ``--set a=1 --set b=2`` and ``--set a=1 b=2`` both apply both.
+
+    ``action="extend"`` is what keeps earlier ``--set`` groups (with plain ``nargs`` argparse keeps only
+    the last group and silently drops the rest).
+    """
+    parser.add_argument(
+        "--set", dest="set", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
+        help=f"{help_text}; repeatable; dotted keys set one entry of a mapping (model_overrides.patch_size=4)",
+    )
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:

@@ -1,7 +1,11 @@
-"""Release artifacts: ``config.json`` + ``model.safetensors`` (+ ``release.json`` provenance).
+"""Release artifacts: the diffusers folder layout plus provenance and a model card.
 
-Written for any diffusers ``ConfigMixin`` model at the end of training; ``LoopVAE.from_pretrained(path)``
-and ``RecursiveViT.from_pretrained(path)`` load them.
+A release is ``config.json`` + ``diffusion_pytorch_model.safetensors`` (what diffusers'
+``from_pretrained`` and pipelines look for, so a release folder can be a pipeline's ``vae/``),
+``release.json`` (provenance: step, run, which weights, the weights file's sha256) and ``README.md``
+(a model card). Written for any diffusers ``ConfigMixin`` model at the end of training;
+``LoopVAE.from_pretrained(path)`` and ``RecursiveViT.from_pretrained(path)`` load them. Releases
+written before the layout change hold ``model.safetensors`` and still load.
 """
 
 from __future__ import annotations
@@ -19,11 +23,63 @@ from safetensors.torch import load_file, save_file
 
 from loopcore.checkpoint import CheckpointSaveError, fsync_dir, sha256_file, write_durable
 
-WEIGHTS_NAME = "model.safetensors"
+WEIGHTS_NAME = "diffusion_pytorch_model.safetensors"  # diffusers' SAFETENSORS_WEIGHTS_NAME
+LEGACY_WEIGHTS_NAME = "model.safetensors"  # releases written before the diffusers layout
+CARD_NAME = "README.md"
 
 
-def save_release(model: torch.nn.Module, directory: str | Path, provenance: dict[str, Any] | None = None) -> Path:
-    """Atomically and durably write ``model`` (a ``ConfigMixin`` model) as a release artifact in ``directory``.
+def release_weights_file(path: str | Path) -> Path | None:
+    """The safetensors weights of the release or diffusers folder ``path`` (current name first), or ``None``."""
+    for name in (WEIGHTS_NAME, LEGACY_WEIGHTS_NAME):
+        if (Path(path) / name).is_file():
+            return Path(path) / name
+    return None
+
+
+def count_stored_parameters(model: torch.nn.Module) -> int:
+    """Stored parameters (shared tensors counted once)."""
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def render_model_card(model: torch.nn.Module, info: dict[str, Any], facts: dict[str, Any] | None = None) -> str:
+    """A short model card (markdown) for a release: architecture, size, training, metrics, checksum.
+
+    ``info`` is the release's ``release.json`` content; ``facts`` adds model-specific lines, e.g.
+    ``{"MACs per image": "7.23 G at 256²", "metrics": {...}}``. Metrics the run did not measure are
+    said to be missing, with the command that measures them, never left blank.
+    """
+    config = {k: v for k, v in dict(model.config).items() if not k.startswith("_")}
+    facts = dict(facts or {})
+    metrics = facts.pop("metrics", None)
+    measure = facts.pop("measure_command", None)
+    lines = [f"# {info.get('model_name') or type(model).__name__} release", "",
+             f"* class: `{type(model).__module__.split('.')[0]}.{type(model).__name__}`; "
+             f"parameters: {count_stored_parameters(model):,}"]
+    lines += [f"* {key}: {value}" for key, value in facts.items()]
+    training = []
+    for key in ("preset", "stage", "step", "data", "run_dir", "weights"):
+        if info.get(key) is not None:
+            training.append(f"{key} `{info[key]}`")
+    lines += [f"* training: {', '.join(training) if training else 'not recorded'}"]
+    if metrics:
+        lines += ["* metrics:"] + [f"  * {k}: {v}" for k, v in metrics.items()]
+    else:
+        lines += ["* metrics: none measured when the release was written"
+                  + (f"; measure with `{measure}`" if measure else "")]
+    lines += [f"* `{info.get('weights_file', WEIGHTS_NAME)}` sha256: `{info.get('sha256')}`", "",
+              "## Configuration", "", "```json", json.dumps(config, indent=2, sort_keys=True, default=str), "```", "",
+              f"Load: `{type(model).__name__}.from_pretrained(\"<this folder>\")` "
+              f"(or as the `subfolder` of a saved diffusers pipeline).", ""]
+    return "\n".join(lines)
+
+
+def save_release(
+    model: torch.nn.Module, directory: str | Path, provenance: dict[str, Any] | None = None,
+    card_facts: dict[str, Any] | None = None,
+) -> Path:
+    """Atomically and durably write ``model`` (a ``ConfigMixin`` model) as a release artifact in ``directory``:
+    ``config.json``, ``diffusion_pytorch_model.safetensors``, ``release.json`` (``provenance`` plus the
+    weights file and its sha256) and ``README.md`` (:func:`render_model_card` with ``card_facts``).
 
     Written to a temporary folder (every file fsynced), then swapped in: the old release, if any, is moved
     aside and deleted only after the new one is in place. A failed write raises
@@ -39,8 +95,10 @@ def save_release(model: torch.nn.Module, directory: str | Path, provenance: dict
         model.save_config(tmp)
         state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
         save_file(state, tmp / WEIGHTS_NAME, metadata={"format": "pt"})
-        info = {"weights": WEIGHTS_NAME, "sha256": sha256_file(tmp / WEIGHTS_NAME), **(provenance or {})}
+        info = {"weights": "model", **(provenance or {}), "weights_file": WEIGHTS_NAME,
+                "sha256": sha256_file(tmp / WEIGHTS_NAME)}
         write_durable(tmp / "release.json", json.dumps(info, indent=2, sort_keys=True))
+        write_durable(tmp / CARD_NAME, render_model_card(model, info, card_facts))
         for name in ("config.json", WEIGHTS_NAME):
             with open(tmp / name, "rb+") as f:
                 os.fsync(f.fileno())
@@ -106,23 +164,26 @@ def check_config_types(cls: type, config: dict[str, Any], source: str | Path) ->
 
 
 def load_release(cls: type, path: str | Path, torch_dtype: torch.dtype | None = None) -> torch.nn.Module:
-    """Build ``cls`` (a diffusers ``ConfigMixin`` model) from ``path/config.json`` and load
-    ``path/model.safetensors`` strictly; returns it in eval mode.
+    """Build ``cls`` (a diffusers ``ConfigMixin`` model) from ``path/config.json`` and load its safetensors
+    weights (``diffusion_pytorch_model.safetensors``, or a legacy ``model.safetensors``) strictly; eval mode.
 
     ``load_state_dict`` copies into the model's own tensors, so nothing stays mapped from the file.
     """
     path = Path(path)
+    weights_file = release_weights_file(path)
+    if weights_file is None:
+        raise FileNotFoundError(f"{path} has no {WEIGHTS_NAME} (or legacy {LEGACY_WEIGHTS_NAME})")
     model = cls.from_config(cls.load_config(path))
     try:
-        weights = load_file(path / WEIGHTS_NAME)
+        weights = load_file(weights_file)
     except Exception as err:  # noqa: BLE001 - safetensors raises its own SafetensorError, or OSError
         raise ValueError(
-            f"{path / WEIGHTS_NAME} is not a readable safetensors file ({err}); the download or copy is damaged"
+            f"{weights_file} is not a readable safetensors file ({err}); the download or copy is damaged"
         ) from None
     missing, unexpected = model.load_state_dict(weights, strict=False)
     if missing or unexpected:
         raise ValueError(
-            f"{path / WEIGHTS_NAME} does not match its config.json: missing {missing[:5]}, unexpected {unexpected[:5]}"
+            f"{weights_file} does not match its config.json: missing {missing[:5]}, unexpected {unexpected[:5]}"
         )
     if torch_dtype is not None:
         model = model.to(torch_dtype)
@@ -132,8 +193,9 @@ def load_release(cls: type, path: str | Path, torch_dtype: torch.dtype | None = 
 class ReleaseLoadingMixin:
     """``from_pretrained`` for diffusers ``ModelMixin`` models that also reads release artifacts.
 
-    Put it before ``ModelMixin`` in the bases. Loads a diffusers folder (``save_pretrained``) or a release
-    artifact (``config.json`` + ``model.safetensors``), then copies every tensor into fresh memory:
+    Put it before ``ModelMixin`` in the bases. Loads a release artifact or any diffusers folder
+    (``save_pretrained``, also a pipeline's ``subfolder``) with our strict loader, and a legacy release
+    (``model.safetensors``); then copies every tensor into fresh memory:
     safetensors hands out views into the file at arbitrary byte offsets, CPU kernels take other SIMD paths
     on unaligned weights and round differently (~1e-7). Copying makes a loaded model compute
     bit-identically to the one that was saved, and releases the file mapping.
@@ -152,9 +214,10 @@ class ReleaseLoadingMixin:
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
         source = Path(args[0]) if args else None
-        if source is not None and (source / WEIGHTS_NAME).is_file() and not any(
-            (source / name).is_file() for name in ("diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.bin")
-        ):
+        if kwargs.get("subfolder") and source is not None:
+            source = source / kwargs["subfolder"]
+        plain = set(kwargs) <= {"torch_dtype", "subfolder", "local_files_only", "low_cpu_mem_usage"}
+        if source is not None and plain and (source / "config.json").is_file() and release_weights_file(source):
             model = cls._from_release(source, kwargs.get("torch_dtype"))
         else:
             if importlib.util.find_spec("accelerate") is None:

@@ -91,9 +91,9 @@ def teardown_run_logging(name: str) -> None:
                 handler.close()
 
 
-def setup_run_logging(name: str, run_dir: Path, is_main: bool, rank: int) -> None:
+def setup_run_logging(name: str, run_dir: Path, is_main: bool, rank: int, log_file: str = "train.log") -> None:
     """Send the ``name`` logger and ``loopcore``'s and ``loopdata``'s (skipped corrupt samples, checkpoint
-    recovery) to stderr, and on the main rank to ``run_dir/train.log``.
+    recovery) to stderr, and on the main rank to ``run_dir/<log_file>`` (``train.log``, ``eval.log``, ...).
 
     Idempotent: handlers installed by an earlier call (an earlier run in the same process) are replaced.
     """
@@ -103,7 +103,7 @@ def setup_run_logging(name: str, run_dir: Path, is_main: bool, rank: int) -> Non
     fmt = logging.Formatter(f"%(asctime)s [rank {rank}] %(levelname)s %(message)s")
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
     if is_main:
-        handlers.append(logging.FileHandler(Path(run_dir) / "train.log"))
+        handlers.append(logging.FileHandler(Path(run_dir) / log_file))
     for handler in handlers:
         handler.setFormatter(fmt)
         handler._loopvision = True  # type: ignore[attr-defined]

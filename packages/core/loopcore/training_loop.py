@@ -331,11 +331,12 @@ class TrainingLoop:
 
     def finish_run(
         self, model: nn.Module, release_model: nn.Module, provenance: dict[str, Any], outcome: LoopOutcome,
-        summary: dict[str, Any] | None = None,
+        summary: dict[str, Any] | None = None, card_facts: dict[str, Any] | None = None,
     ) -> Path | None:
         """End of a run: cross-rank weight check, the release artifact when the run completed, and
         ``train_summary.json`` (step, resume and stop information, per-rank digests and data statistics,
-        last logs, plus ``summary``). Returns the release directory (main rank, completed runs)."""
+        last logs, plus ``summary``). ``card_facts`` go into the release's model card. Returns the release
+        directory (main rank, completed runs)."""
         digests = self.check_ranks_agree(model)
         ranks = self.rank_reports()
         release = None
@@ -343,7 +344,7 @@ class TrainingLoop:
             return None
         if outcome.stopped_by is None:
             release = save_release(release_model, self.run_dir / "release",
-                                   {"step": self.step, "run_dir": str(self.run_dir), **provenance})
+                                   {"step": self.step, "run_dir": str(self.run_dir), **provenance}, card_facts)
             self.log.info("release artifact (%s weights) in %s", provenance.get("weights", "model"), release)
         data = {
             "step": self.step, "total_steps": self.total_steps, "stopped_by": outcome.stopped_by,

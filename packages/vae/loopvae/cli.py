@@ -6,6 +6,18 @@ import argparse
 import sys
 
 from loopcore.cli_errors import non_negative_int, positive_int
+from loopcore.config import add_override_argument
+
+DATA_HELP = ("WebDataset shards (brace pattern, glob, directory of *.tar, comma-separated list) or a folder of "
+             "image files (read recursively, sorted)")
+
+
+def _add_weights_and_dtype(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--weights", choices=("ema", "model"), default="ema",
+                   help="for training run directories: EMA (default) or raw training weights")
+    p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
+                   help="the tokenizer's compute dtype (metrics are computed in float64 either way)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
@@ -14,9 +26,9 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         description="Train a LoopVAE. Presets: paper-stage1, paper-stage2, tiny-stage1, tiny-stage2.",
     )
     p.add_argument("--config", required=True, help="preset name or YAML file")
-    p.add_argument("--data", required=True, help="WebDataset shards: brace pattern, glob, or comma-separated paths")
+    p.add_argument("--data", required=True, help=DATA_HELP)
     p.add_argument("--out", required=True, help="run directory (checkpoints, tb/, release/, train.log)")
-    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override config keys")
+    add_override_argument(p)
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -44,8 +56,8 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval", help="rFID / PSNR / SSIM / LPIPS of a tokenizer on WebDataset shards")
     p.add_argument("--checkpoint", required=True,
                    help="release artifact, training run directory or diffusers VAE folder")
-    p.add_argument("--data", required=True, help="WebDataset shards")
-    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--data", required=True, help=DATA_HELP)
+    p.add_argument("--out", required=True, help="output directory (metrics.json, report.md, eval.log, ...)")
     p.add_argument("--resolution", type=positive_int, default=256)
     p.add_argument("--limit", type=positive_int, default=None, help="evaluate at most N images (in total over ranks)")
     p.add_argument("--batch-size", type=positive_int, default=8)
@@ -58,10 +70,13 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--lpips-net", choices=("vgg", "alex", "none"), default="alex",
                    help="LPIPS backbone ('none' skips LPIPS; default alex, the usual evaluation net)")
     p.add_argument("--lpips-weights", default=None, help="torchvision backbone file for LPIPS (default: hub cache)")
+    p.add_argument("--require-lpips", action="store_true",
+                   help="fail instead of reporting lpips: null when the LPIPS backbone weights are missing")
     p.add_argument("--lpips-random-backbone", action="store_true",
                    help="plumbing only: random LPIPS backbone (the number is then not LPIPS)")
     p.add_argument("--save-images", action="store_true", help="write the uint8 reconstructions and references as PNG")
     p.add_argument("--device", default="auto")
+    _add_weights_and_dtype(p)
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -71,7 +86,8 @@ def _eval(args: argparse.Namespace) -> int:
         resolution=args.resolution, limit=args.limit, batch_size=args.batch_size, num_workers=args.num_workers,
         fid_weights=args.fid_weights, require_fid=args.require_fid, lpips_net=args.lpips_net,
         lpips_weights=args.lpips_weights, lpips_random_backbone=args.lpips_random_backbone,
-        save_images=args.save_images, device=args.device, skip_corrupt=args.skip_corrupt,
+        require_lpips=args.require_lpips, save_images=args.save_images, device=args.device,
+        skip_corrupt=args.skip_corrupt, weights=args.weights, dtype=args.dtype, progress=not args.no_progress,
     )
     metrics = evaluate(args.checkpoint, args.data, args.out, options)
     rfid = "n/a" if metrics["rfid"] is None else f"{metrics['rfid']:.3f}"
@@ -83,19 +99,57 @@ def _eval(args: argparse.Namespace) -> int:
 
 def _add_intervene(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("intervene", help="prefix truncation, single-pass bypass and relative updates per stage")
-    p.add_argument("--checkpoint", required=True)
-    p.add_argument("--data", required=True)
-    p.add_argument("--out", required=True)
+    p.add_argument("--checkpoint", required=True, help="release artifact or training run directory of a LoopVAE")
+    p.add_argument("--data", required=True, help=DATA_HELP)
+    p.add_argument("--out", required=True, help="output directory (interventions.json/.md, plots, intervene.log)")
     p.add_argument("--limit", type=positive_int, default=16, help="number of images (the paper uses 16)")
     p.add_argument("--resolution", type=positive_int, default=256)
     p.add_argument("--device", default="cpu")
+    _add_weights_and_dtype(p)
 
 
 def _intervene(args: argparse.Namespace) -> int:
     from .intervene import intervene
 
-    result = intervene(args.checkpoint, args.data, args.out, args.limit, args.resolution, args.device)
+    result = intervene(args.checkpoint, args.data, args.out, args.limit, args.resolution, args.device,
+                       weights=args.weights, dtype=args.dtype, progress=not args.no_progress)
     print(f"{result['num_images']} images, {len(result['stages'])} stages -> {args.out}/interventions.md")
+    return 0
+
+
+def _add_latent_stats(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "latent-stats", help="estimate shift_factor / scaling_factor of the latents and write them into config.json",
+        description="Estimate the latent normalisation diffusion models train with, (z - shift_factor) * "
+                    "scaling_factor with unit variance (SD3 / FLUX convention), over images of --data, and write "
+                    "it into the artifact's config.json (plus latent_stats.json beside it).",
+    )
+    p.add_argument("--checkpoint", required=True,
+                   help="release artifact, diffusers VAE folder, or training run directory (its release/)")
+    p.add_argument("--data", required=True, help=DATA_HELP)
+    p.add_argument("--resolution", type=positive_int, default=256)
+    p.add_argument("--limit", type=positive_int, default=None, help="use at most N images (default: all)")
+    p.add_argument("--batch-size", type=positive_int, default=8)
+    p.add_argument("--num-workers", type=non_negative_int, default=2)
+    p.add_argument("--posterior", choices=("sample", "mode"), default="sample",
+                   help="posterior samples (default; what diffusion training encodes) or posterior means")
+    p.add_argument("--seed", type=int, default=0, help="seed of the posterior samples")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    p.add_argument("--dry-run", action="store_true", help="print the estimate without writing config.json")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _latent_stats(args: argparse.Namespace) -> int:
+    from .latent_stats import latent_stats
+
+    stats, written = latent_stats(
+        args.checkpoint, args.data, args.resolution, args.limit, args.batch_size, args.num_workers, args.posterior,
+        args.seed, args.device, args.dtype, write=not args.dry_run, progress=not args.no_progress,
+    )
+    where = f" -> {written}" if written else " (dry run: nothing written)"
+    print(f"{stats.num_images} images: shift_factor {stats.shift_factor:.6f}, scaling_factor "
+          f"{stats.scaling_factor:.6f}{where}")
     return 0
 
 
@@ -132,7 +186,7 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default="runs/demo")
     p.add_argument("--train-steps", type=int, default=None,
                    help="steps of the demo's own tiny-stage1 run (default 200; the bundled model is trained already)")
-    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override tiny-stage1 config keys")
+    add_override_argument(p, "override tiny-stage1 config keys")
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -146,17 +200,23 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"train": _train, "eval": _eval, "intervene": _intervene, "profile": _profile, "demo": _demo}
+COMMANDS = {"train": _train, "eval": _eval, "intervene": _intervene, "latent-stats": _latent_stats,
+            "profile": _profile, "demo": _demo}
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The ``loopvae`` argument parser (all sub-commands)."""
     parser = argparse.ArgumentParser(
         prog="loopvae", description="LoopVAE tokenizers: train, evaluate, intervene, profile."
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_train, _add_eval, _add_intervene, _add_profile, _add_demo):
+    for add in (_add_train, _add_eval, _add_intervene, _add_latent_stats, _add_profile, _add_demo):
         add(sub)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     from loopcore.cli_errors import run_command
 
     return run_command("loopvae", args.command, lambda: COMMANDS[args.command](args))

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import loopdata
+from loopcore.release import WEIGHTS_NAME
 from loopdata.assets import repo_root
 
 from .evaluate import EvalOptions, evaluate
@@ -38,9 +39,9 @@ DEMO_TRAIN_STEPS = 200
 def bundled_model_dir() -> Path:
     """The trained tiny LoopVAE committed with the repository (``assets/models/loopvae-cnn-tiny``)."""
     path = repo_root() / "assets" / "models" / "loopvae-cnn-tiny"
-    if not (path / "config.json").is_file() or not (path / "model.safetensors").is_file():
+    if not (path / "config.json").is_file() or not (path / WEIGHTS_NAME).is_file():
         raise FileNotFoundError(
-            f"the bundled model is missing from {path} (config.json + model.safetensors); restore it with "
+            f"the bundled model is missing from {path} (config.json + {WEIGHTS_NAME}); restore it with "
             "`git checkout -- assets/models` or rebuild it with `make study-vae`"
         )
     return path

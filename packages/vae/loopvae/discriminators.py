@@ -4,6 +4,8 @@
   GroupNorm instead of BatchNorm so that DDP needs no buffer synchronisation (DDP-safe).
 * :class:`DinoDiscriminator` -- LoopVAE's main discriminator: frozen DINOv2-small features (timm's
   ``vit_small_patch14_dinov2``) from several depths, each scored per token by a small trainable head.
+* :func:`r1_penalty` -- the R1 gradient penalty on real images, taken on each sample's mean logit so that
+  its gamma does not depend on how many patch / token logits the discriminator outputs.
 """
 
 from __future__ import annotations
@@ -128,11 +130,21 @@ class DinoDiscriminator(nn.Module):
 
 
 def r1_penalty(real: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-    """``E ||d D(real) / d real||^2`` for ``real`` with ``requires_grad`` and ``logits = D(real)``.
+    """R1 = ``E_x ||grad_x mean_patches D(x)||^2`` for ``real`` with ``requires_grad`` and ``logits = D(real)``.
 
-    Call with ``create_graph`` semantics (the penalty is itself differentiated).
+    ``logits`` is ``(B,)`` or ``(B, ...)``: one logit per sample, or a map of patch / token logits
+    (PatchGAN ``(B, 1, h, w)``, DINO ``(B, N)``). Each sample's logits are averaged before the
+    gradient is taken, the same average :func:`loopvae.losses.hinge_d_loss` takes, so ``r1_gamma``
+    means the same for a discriminator with one logit and for one with many: a map that replicates one
+    logit ``N`` times has the penalty of that logit. (The gradient of the *sum* of the logits would
+    scale the penalty by ``N^2`` for such a map, and in general make the effective gamma grow with the
+    number of logits, i.e. with the image resolution.)
+    The squared gradient norm is summed over pixels and channels and averaged over the batch.
+
+    Uses ``create_graph=True``: the penalty is itself differentiated.
     """
-    (grad,) = torch.autograd.grad(logits.sum(), real, create_graph=True)
+    per_sample = logits.reshape(logits.shape[0], -1).mean(dim=1)
+    (grad,) = torch.autograd.grad(per_sample.sum(), real, create_graph=True)
     return grad.pow(2).flatten(1).sum(1).mean()
 
 

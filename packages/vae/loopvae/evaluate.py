@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torchvision
 from PIL import Image
+from tqdm import tqdm
 
 import loopdata
 from loopcore.checkpoint import write_atomic
@@ -29,6 +30,7 @@ from loopcore.distributed import (
     reported_failure,
     sum_across_ranks,
 )
+from loopcore.run_logger import setup_run_logging, teardown_run_logging
 from loopdata.keys import path_for_key
 
 from .loading import LoadedTokenizer, load_tokenizer
@@ -45,14 +47,37 @@ class EvalOptions:
     batch_size: int = 8
     num_workers: int = 2
     fid_weights: str | None = None
-    require_fid: bool = False
+    require_fid: bool = False  # missing Inception weights: fail instead of reporting rfid: null
     lpips_net: str = "alex"  # or "none": skip LPIPS (reported as null with the reason)
     lpips_weights: str | None = None
+    require_lpips: bool = False  # missing LPIPS backbone weights: fail instead of reporting lpips: null
     lpips_random_backbone: bool = False  # tests and plumbing only: numbers are not LPIPS
     save_images: bool = False
     grid_images: int = 8
     device: str = "auto"
     skip_corrupt: bool = False  # skip (count and report) undecodable images instead of stopping
+    weights: str = "ema"  # for training run directories: "ema" or "model"
+    dtype: str = "fp32"  # "fp32" or "bf16": the tokenizer's compute dtype (metrics are always float64)
+    progress: bool = True  # a progress bar on stderr (rank 0)
+
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def compute_dtype(name: str) -> torch.dtype:
+    """``"fp32"`` / ``"bf16"`` -> the torch dtype; ``ValueError`` naming the value otherwise."""
+    if name not in DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; choose one of {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def to_compute(model: torch.nn.Module, device: torch.device | str, dtype: str) -> torch.nn.Module:
+    """``model`` on ``device`` in the compute dtype named ``dtype`` (``fp32`` / ``bf16``).
+
+    ``nn.Module.to`` rather than diffusers' override: ours keep no fp32-only modules, and diffusers warns
+    on every dtype cast of a model loaded without ``torch_dtype``.
+    """
+    return torch.nn.Module.to(model, device=device, dtype=compute_dtype(dtype))
 
 
 def latent_values_per_pixel(model: torch.nn.Module) -> float:
@@ -65,7 +90,10 @@ def latent_values_per_pixel(model: torch.nn.Module) -> float:
 
 @torch.no_grad()
 def reconstruct(model: torch.nn.Module, images: torch.Tensor) -> torch.Tensor:
-    """Posterior mode -> decode (``(B,3,H,W)`` in [-1, 1] -> unclipped reconstruction)."""
+    """Posterior mode -> decode (``(B,3,H,W)`` in [-1, 1] -> unclipped float32 reconstruction).
+
+    The images are cast to the model's dtype (bf16 models compute in bf16)."""
+    images = images.to(next(model.parameters()).dtype)
     return model.decode(model.encode(images).latent_dist.mode()).sample.float()
 
 
@@ -79,7 +107,7 @@ def _save_png(array: torch.Tensor, path: Path) -> None:
     Image.fromarray(array.permute(1, 2, 0).cpu().numpy()).save(path)
 
 
-OUTPUT_SET = ("metrics.json", "per_image.json", "report.md", "grid.png", "images")
+OUTPUT_SET = ("metrics.json", "per_image.json", "report.md", "grid.png", "images", "eval.log")
 
 
 def clear_previous_outputs(out: Path) -> None:
@@ -105,16 +133,39 @@ def evaluate(checkpoint: str | Path, data: str, out_dir: str | Path, options: Ev
     if ctx.is_main:
         out.mkdir(parents=True, exist_ok=True)
         clear_previous_outputs(out)
-    loaded: LoadedTokenizer = load_tokenizer(checkpoint)
-    model = loaded.model.to(ctx.device)
-    lpips_model = None
-    if options.lpips_net != "none":
-        lpips_model = PerceptualLoss(options.lpips_net, options.lpips_weights, options.lpips_random_backbone)
-        lpips_model = lpips_model.to(ctx.device)
+    setup_run_logging("loopvae", out, ctx.is_main, ctx.rank, log_file="eval.log")
+    try:
+        return _evaluate(checkpoint, data, out, options, ctx)
+    finally:
+        teardown_run_logging("loopvae")
+
+
+def build_lpips(options: EvalOptions, device: torch.device) -> tuple[PerceptualLoss | None, str | None]:
+    """``(metric, unavailable_reason)``: LPIPS per ``options``, ``None`` with the reason when skipped or
+    when its backbone weights are missing (unless ``require_lpips``, which raises instead)."""
+    if options.lpips_net == "none":
+        return None, "LPIPS skipped (--lpips-net none)"
+    try:
+        model = PerceptualLoss(options.lpips_net, options.lpips_weights, options.lpips_random_backbone)
+    except FileNotFoundError as err:
+        if options.require_lpips:
+            raise
+        return None, f"{err} (pass --require-lpips to make this an error)"
+    return model.to(device), None
+
+
+def _evaluate(checkpoint: str | Path, data: str, out: Path, options: EvalOptions, ctx) -> dict[str, Any]:
+    loaded: LoadedTokenizer = load_tokenizer(checkpoint, options.weights)
+    model = to_compute(loaded.model, ctx.device, options.dtype)
+    lpips_model, lpips_reason = build_lpips(options, ctx.device)
+    if lpips_reason and options.lpips_net != "none":
+        log.warning("LPIPS unavailable: %s", lpips_reason)
     fid, fid_reason, fid_path = build_fid(options.fid_weights)
     if fid is None and options.require_fid:
         raise FileNotFoundError(fid_reason)
-    if fid is not None:
+    if fid is None:
+        log.warning("rFID unavailable: %s (pass --require-fid to make this an error)", fid_reason)
+    else:
         fid = fid.to(ctx.device)
     vpp = latent_values_per_pixel(model)
     loader = loopdata.make_loader(
@@ -151,7 +202,8 @@ def evaluate(checkpoint: str | Path, data: str, out_dir: str | Path, options: Ev
     if not all_rows:
         raise ValueError(f"no images were evaluated from {data}")
     skipped = sum_across_ranks(loader.corrupt_count, ctx)
-    metrics = _summarise(all_rows, rfid, fid_reason, loaded, lpips_model, fid_path, options, data, baseline_size)
+    metrics = _summarise(all_rows, rfid, fid_reason, loaded, lpips_model, fid_path, options, data, baseline_size,
+                         lpips_reason)
     metrics["skipped_corrupt"] = skipped
     if ctx.is_main:
         write_atomic(out / "per_image.json", json.dumps(all_rows, indent=2))
@@ -166,7 +218,11 @@ def evaluate(checkpoint: str | Path, data: str, out_dir: str | Path, options: Ev
 def _evaluate_batches(loader, model, lpips_model, fid, vpp, quota, options, out, ctx, rows, grid_ref, grid_rec):
     """The per-batch loop of :func:`evaluate` (no collectives: ranks may run different batch counts)."""
     baseline_size = None
+    total = len(loader) if quota is None else min(len(loader), -(-quota // options.batch_size))
+    bar = tqdm(total=total, desc="eval", unit="batch", disable=not (options.progress and ctx.is_main),
+               dynamic_ncols=True)
     for batch in loader:
+        bar.update(1)
         peer = reported_failure(ctx)
         if peer is not None:
             raise RemoteRankError(f"stopping: another rank failed ({peer})")
@@ -203,6 +259,7 @@ def _evaluate_batches(loader, model, lpips_model, fid, vpp, quota, options, out,
         if len(grid_ref) < options.grid_images:
             grid_ref.extend(ref_u8[: options.grid_images - len(grid_ref)].cpu())
             grid_rec.extend(rec_u8[: options.grid_images - len(grid_rec)].cpu())
+    bar.close()
     return baseline_size
 
 
@@ -219,7 +276,8 @@ def _mean(rows: list[dict[str, Any]], key: str) -> float:
     return sum(r[key] for r in rows) / len(rows)
 
 
-def _summarise(rows, rfid, fid_reason, loaded, lpips_model, fid_path, options, data, baseline_size) -> dict[str, Any]:
+def _summarise(rows, rfid, fid_reason, loaded, lpips_model, fid_path, options, data, baseline_size,
+               lpips_reason=None) -> dict[str, Any]:
     from loopcore.checkpoint import sha256_file
 
     weights = {f"model/{k}": v for k, v in loaded.weights_sha256.items()}
@@ -232,7 +290,8 @@ def _summarise(rows, rfid, fid_reason, loaded, lpips_model, fid_path, options, d
         "lpips": None if lpips_model is None else _mean(rows, "lpips"), "rfid": rfid,
         "num_images": len(rows),
         "model": {"source": loaded.source, "kind": loaded.kind, "class": type(loaded.model).__name__,
-                  "step": loaded.step},
+                  "step": loaded.step, "weights": options.weights if loaded.kind == "run-checkpoint" else "release",
+                  "dtype": options.dtype},
         "data": {"urls": data, "resolution": options.resolution, "limit": options.limit},
         "lpips_net": options.lpips_net + (" (random backbone: not LPIPS)" if options.lpips_random_backbone else ""),
         "weights_sha256": weights,
@@ -245,7 +304,7 @@ def _summarise(rows, rfid, fid_reason, loaded, lpips_model, fid_path, options, d
     if rfid is None:
         metrics["rfid_unavailable_reason"] = fid_reason
     if lpips_model is None:
-        metrics["lpips_unavailable_reason"] = "LPIPS skipped (lpips_net 'none')"
+        metrics["lpips_unavailable_reason"] = lpips_reason or "LPIPS skipped (--lpips-net none)"
     return metrics
 
 

@@ -3,36 +3,41 @@
 For every stage of both branches: prefix truncation (run only the first k of its L passes, everything
 else as trained), bypass of each single pass (its output replaced by its pre-injection input, later
 loop indices unchanged), and the per-pass relative update ``RMS(h_{t+1} - h_t) / RMS(h_t)``. Each
-intervention is scored per image on clipped PSNR, raw PSNR, SSIM, out-of-range fraction and clipping
-displacement (SPEC §4). Running the full prefix must reproduce the unmodified model bit-for-bit;
-that is asserted at run time.
+intervention is scored per image on the float output ``u`` in [0, 1] (the paper's protocol, not uint8):
+PSNR and SSIM of ``clip(u)``, raw PSNR and SSIM of ``u``, the out-of-range fraction and the clipping
+displacement (:func:`loopvae.metrics.range_statistics`). Running the full prefix must reproduce the
+unmodified model bit-for-bit; that is asserted at run time.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable
+import logging
 from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm import tqdm
 
 import loopcore as lc
 import loopdata
+from loopcore.checkpoint import write_atomic
+from loopcore.run_logger import setup_run_logging, teardown_run_logging
 
 from .loading import load_tokenizer
-from .metrics import psnr_per_image, range_statistics, ssim_per_image, to_uint8
+from .metrics import range_statistics
 from .model import LoopVAE
 
-METRICS = ("psnr", "raw_psnr", "ssim", "out_of_range", "clip_displacement")
+log = logging.getLogger("loopvae.intervene")
+
+METRICS = ("psnr", "raw_psnr", "ssim", "raw_ssim", "out_of_range", "clip_displacement")
 
 
 def score(recon: torch.Tensor, target: torch.Tensor) -> dict[str, list[float]]:
-    """Per-image intervention metrics for an unclipped reconstruction in [-1, 1] convention."""
-    rec_u8, ref_u8 = to_uint8(recon), to_uint8(target)
-    stats = range_statistics(recon, target)
-    values = {"psnr": psnr_per_image(rec_u8, ref_u8), "ssim": ssim_per_image(rec_u8, ref_u8), **stats}
+    """Per-image intervention metrics (:data:`METRICS`) of an unclipped reconstruction ``(B, 3, H, W)``
+    against references, both in the [-1, 1] convention; computed in float64 on [0, 1]."""
+    values = range_statistics(recon, target)
     return {k: [float(v) for v in values[k]] for k in METRICS}
 
 
@@ -49,14 +54,28 @@ def _stage_names(model: LoopVAE) -> dict[str, list[str]]:
     }
 
 
+def count_runs(model: LoopVAE) -> int:
+    """Forward passes :func:`run_interventions` makes: baseline, recording, and per stage L prefixes + L bypasses."""
+    return 2 + sum(2 * loops for core in (model.encoder.core, model.decoder.core) for loops in core.loops)
+
+
 @torch.no_grad()
-def run_interventions(model: LoopVAE, images: torch.Tensor, batch_size: int = 8) -> dict[str, Any]:
-    """All interventions on ``images`` ``(N, 3, H, W)`` in [-1, 1]; returns the ``interventions.json`` dict."""
+def run_interventions(
+    model: LoopVAE, images: torch.Tensor, batch_size: int = 8, progress: bool = False
+) -> dict[str, Any]:
+    """All interventions on ``images`` ``(N, 3, H, W)`` in [-1, 1]; returns the ``interventions.json`` dict.
+
+    The model may be bf16 (images are cast to its dtype); every metric is computed in float64.
+    ``progress`` shows a bar over the :func:`count_runs` forward passes on stderr.
+    """
     enc, dec = model.encoder.core, model.decoder.core
-    chunks = images.split(batch_size)
+    images = images.float()  # the references stay float; the model's input takes its dtype
+    bar = tqdm(total=count_runs(model), desc="intervene", unit="run", disable=not progress, dynamic_ncols=True)
+    chunks = images.to(next(model.parameters()).dtype).split(batch_size)
     latents = [model.encode(x).latent_dist.mode() for x in chunks]  # decoder interventions reuse these
 
     def run(branch: str | None = None, hooks: lc.LoopHooks | None = None) -> torch.Tensor:
+        bar.update(1)
         core = {"encoder": enc, "decoder": dec}.get(branch)
         with core.use_hooks(hooks) if core is not None else contextlib.nullcontext():
             if branch == "decoder":
@@ -90,6 +109,7 @@ def run_interventions(model: LoopVAE, images: torch.Tensor, batch_size: int = 8)
                 updates.append(float(values.mean()))
             stages.append({"branch": branch, "scale": names[branch][s], "stage_index": s, "passes": loops,
                            "prefix": prefix, "bypass": bypass, "relative_update": updates})
+    bar.close()
     return {"num_images": images.shape[0], "baseline": _summary(score(baseline, images)), "stages": stages,
             "full_prefix_reproduces_baseline": True}
 
@@ -167,29 +187,43 @@ def plot(result: dict[str, Any], out: Path) -> list[Path]:
 
 def intervene(
     checkpoint: str | Path, data: str, out_dir: str | Path, limit: int = 16, resolution: int = 256,
-    device: str = "cpu", progress: Callable[[str], None] | None = None,
+    device: str = "cpu", weights: str = "ema", dtype: str = "fp32", progress: bool = True,
 ) -> dict[str, Any]:
-    """Load, read ``limit`` images, run :func:`run_interventions`, write json / md / plots."""
-    loaded = load_tokenizer(checkpoint)
-    if not isinstance(loaded.model, LoopVAE):
-        raise ValueError(f"interventions need a LoopVAE; {checkpoint} is a {type(loaded.model).__name__}")
-    model = loaded.model.to(device)
-    loader = loopdata.make_loader(data, task="reconstruction", train=False, batch_size=limit, num_workers=0,
-                                  resolution=resolution, rank=0, world_size=1)
-    images, keys = [], []
-    for batch in loader:
-        images.append(batch["image"])
-        keys.extend(batch["key"])
-        if len(keys) >= limit:
-            break
-    if not keys:
-        raise ValueError(f"no images in {data}")
-    x = torch.cat(images)[:limit].to(device)
-    result = run_interventions(model, x)
-    result.update(keys=keys[:limit], model=str(loaded.source), data=data, resolution=resolution)
+    """Load, read ``limit`` images, run :func:`run_interventions`, write json / md / plots and ``intervene.log``.
+
+    ``weights`` picks ``ema`` or ``model`` weights of a training run directory; ``dtype`` (``fp32`` or
+    ``bf16``) the model's compute dtype (metrics stay float64).
+    """
+    from .evaluate import to_compute
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "interventions.json").write_text(json.dumps(result, indent=2))
-    (out / "interventions.md").write_text(render_markdown(result))
-    plot(result, out)
-    return result
+    setup_run_logging("loopvae", out, True, 0, log_file="intervene.log")
+    try:
+        loaded = load_tokenizer(checkpoint, weights)
+        if not isinstance(loaded.model, LoopVAE):
+            raise ValueError(f"interventions need a LoopVAE; {checkpoint} is a {type(loaded.model).__name__}")
+        model = to_compute(loaded.model, device, dtype)
+        loader = loopdata.make_loader(data, task="reconstruction", train=False, batch_size=limit, num_workers=0,
+                                      resolution=resolution, rank=0, world_size=1)
+        images, keys = [], []
+        for batch in loader:
+            images.append(batch["image"])
+            keys.extend(batch["key"])
+            if len(keys) >= limit:
+                break
+        if not keys:
+            raise ValueError(f"no images in {data}")
+        x = torch.cat(images)[:limit].to(device)
+        log.info("intervening on %d images from %s with %s (%s, %s weights)", len(keys[:limit]), data,
+                 loaded.source, dtype, weights if loaded.kind == "run-checkpoint" else "release")
+        result = run_interventions(model, x, progress=progress)
+        result.update(keys=keys[:limit], model=str(loaded.source), data=data, resolution=resolution, dtype=dtype,
+                      weights=weights if loaded.kind == "run-checkpoint" else "release")
+        write_atomic(out / "interventions.json", json.dumps(result, indent=2, allow_nan=False))
+        write_atomic(out / "interventions.md", render_markdown(result))
+        plot(result, out)
+        log.info("wrote %s", out / "interventions.md")
+        return result
+    finally:
+        teardown_run_logging("loopvae")

@@ -16,7 +16,14 @@ from loopcore.checkpoint import (
     model_weights,
     sha256_file,
 )
-from loopcore.release import WEIGHTS_NAME, artifact_class_name, load_release, resolve_artifact
+from loopcore.release import (
+    LEGACY_WEIGHTS_NAME,
+    WEIGHTS_NAME,
+    artifact_class_name,
+    load_release,
+    release_weights_file,
+    resolve_artifact,
+)
 from loopdata import one_line
 
 from .model import LoopVAE
@@ -35,13 +42,13 @@ class LoadedTokenizer:
 
 
 def _weights_files(folder: Path) -> list[Path]:
-    names = ("model.safetensors", "diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.bin")
+    names = (WEIGHTS_NAME, LEGACY_WEIGHTS_NAME, "diffusion_pytorch_model.bin")
     return [folder / n for n in names if (folder / n).is_file()]
 
 
 def load_artifact(path: str | Path, torch_dtype: torch.dtype | None = None) -> torch.nn.Module:
-    """A ``LoopVAE`` or ``AutoencoderKL`` from a release folder (``config.json`` + ``model.safetensors``,
-    what ``loopvae train`` writes for either) or a diffusers folder; eval mode."""
+    """A ``LoopVAE`` or ``AutoencoderKL`` from a release folder (what ``loopvae train`` writes for either)
+    or a diffusers folder (``save_pretrained``, e.g. a pipeline's ``vae/``); eval mode."""
     path = Path(path)
     try:
         class_name = artifact_class_name(path)
@@ -51,8 +58,7 @@ def load_artifact(path: str | Path, torch_dtype: torch.dtype | None = None) -> t
         if class_name == "LoopVAE":
             return LoopVAE.from_pretrained(path, torch_dtype=torch_dtype).eval()
         if class_name == "AutoencoderKL":
-            files = _weights_files(path)
-            if files and files[0].name == WEIGHTS_NAME:
+            if release_weights_file(path) is not None:
                 return load_release(AutoencoderKL, path, torch_dtype)
             return AutoencoderKL.from_pretrained(
                 path, local_files_only=True, low_cpu_mem_usage=False, torch_dtype=torch_dtype
@@ -66,9 +72,9 @@ def load_tokenizer(path: str | Path, weights: str = "ema") -> LoadedTokenizer:
     """Load what ``--checkpoint`` names.
 
     Args:
-        path: a release folder (``config.json`` + ``model.safetensors``), a diffusers folder of a
-            ``LoopVAE`` or ``AutoencoderKL`` (e.g. the SD / FLUX VAEs), or a training run directory
-            (its newest valid checkpoint).
+        path: a release folder (``config.json`` + ``diffusion_pytorch_model.safetensors`` + ``release.json``,
+            or a legacy ``model.safetensors``), a diffusers folder of a ``LoopVAE`` or ``AutoencoderKL``
+            (e.g. the SD / FLUX VAEs, or a saved pipeline's ``vae/``), or a training run directory.
         weights: for run directories: ``ema`` (default) or ``model`` (the raw training weights).
     """
     path = Path(path)
@@ -77,9 +83,9 @@ def load_tokenizer(path: str | Path, weights: str = "ema") -> LoadedTokenizer:
     if config_file.is_file():
         files = _weights_files(path)
         if not files:
-            raise FileNotFoundError(f"{path} has a config.json but no model.safetensors / diffusion_pytorch_model.*")
+            raise FileNotFoundError(f"{path} has a config.json but no {WEIGHTS_NAME} (or {LEGACY_WEIGHTS_NAME})")
         model = load_artifact(path)
-        kind = "release" if files[0].name == WEIGHTS_NAME else "diffusers"
+        kind = "release" if (path / "release.json").is_file() else "diffusers"
         return LoadedTokenizer(model, str(path), kind, {f.name: sha256_file(f) for f in files})
     manager = CheckpointManager(path / "checkpoints")
     if (path / "config.yaml").is_file() and manager.list_checkpoints():

@@ -171,8 +171,15 @@ class LoopVAE(ReleaseLoadingMixin, ModelMixin, AutoencoderMixin, ConfigMixin):
             a ``config.json`` written before the key existed loads with ``True``, its old behaviour.
         sample_size: training resolution; also the default tile side for tiling.
         scaling_factor, shift_factor: latent normalisation for diffusion models
-            (``z_model = (z - shift) * scale``), estimated from data by ``loopvae`` tooling.
+            (``z_model = (z - shift) * scale``, the SD3 / FLUX convention), estimated from data and written
+            into a release's ``config.json`` by ``loopvae latent-stats``.
+        latent_statistics: where ``loopvae latent-stats`` got them (data, image count, resolution,
+            posterior, seed); ``None`` until estimated. Not used by the network.
         force_upcast: diffusers pipelines upcast the VAE to fp32 when true (not needed: LoopVAE is bf16-safe).
+        block_out_channels: what diffusers pipelines read to size latents
+            (``vae_scale_factor = 2 ** (len(block_out_channels) - 1)``): ``log2(latent_factor) + 1`` entries.
+            Derived as ``[width] * (log2(latent_factor) + 1)`` when not given (and for configs saved before
+            the key existed); a given value must have that length. Not used by the network itself.
         tile_overlap_factor: tile overlap as a fraction of the tile side.
     """
 
@@ -207,8 +214,22 @@ class LoopVAE(ReleaseLoadingMixin, ModelMixin, AutoencoderMixin, ConfigMixin):
         shift_factor: float = 0.0,
         force_upcast: bool = False,
         tile_overlap_factor: float = 0.25,
+        block_out_channels: Sequence[int] | None = None,
+        latent_statistics: dict | None = None,
     ) -> None:
         super().__init__()
+        levels = int(latent_factor).bit_length()  # log2(f) + 1 for a power of two
+        if latent_factor < 2 or latent_factor & (latent_factor - 1):
+            raise ValueError(f"latent_factor must be a power of two >= 2, got {latent_factor}")
+        if block_out_channels is None:
+            # Registered so that pipelines' vae_scale_factor = 2 ** (len - 1) equals the latent factor.
+            self.register_to_config(block_out_channels=[int(width)] * levels)
+        elif len(block_out_channels) != levels:
+            raise ValueError(
+                f"block_out_channels {list(block_out_channels)} has {len(block_out_channels)} entries; diffusers "
+                f"pipelines read 2 ** (len - 1) as the latent factor, so latent_factor {latent_factor} needs "
+                f"{levels} (or leave it unset)"
+            )
         if len(encoder_loops) != len(decoder_loops):
             raise ValueError(
                 f"encoder_loops {list(encoder_loops)} and decoder_loops {list(decoder_loops)} "

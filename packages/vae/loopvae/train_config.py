@@ -53,12 +53,18 @@ class TrainConfig:
     # stage 2
     discriminator: str = "none"  # none | patchgan | dino
     dino_weights: str | None = None
+    # discriminator AdamW: with R1 on (r1_gamma > 0, r1_every = k > 1) it runs at lr = disc_lr * c and
+    # betas = disc_betas ** c with c = k / (k + 1), StyleGAN2's lazy-regularisation correction (Karras et
+    # al. 2020, Appendix B); the defaults (k = 16) give lr = 5e-5 * 16/17 and betas = (0.5, 0.9) ** (16/17)
     disc_lr: float = 5e-5
     disc_betas: tuple[float, float] = (0.5, 0.9)
     disc_start_step: int = 0
     gan_start_step: int = 5000
     gan_weight: float = 0.5
     adaptive_weight_max: float = 1e4
+    # R1 = E_x ||grad_x mean_patches D(x)||^2 on real images: the gradient of each sample's *mean* patch /
+    # token logit (the average the hinge loss takes), so gamma means the same for PatchGAN, DINO and a
+    # single-logit D. Lazy: every r1_every-th D step adds (r1_gamma / 2) * r1_every * R1; 0 turns R1 off
     r1_gamma: float = 10.0
     r1_every: int = 16
     diffaug_p: float = 1.0

@@ -22,6 +22,7 @@ from torch.nn.parallel import DistributedDataParallel
 import loopdata
 from loopcore.distributed import average_gradients
 from loopcore.ema import EMA
+from loopcore.flops import count_macs
 from loopcore.release import resolve_artifact
 from loopcore.run_logger import RunLogger
 from loopcore.schedule import make_scheduler
@@ -117,6 +118,28 @@ def parameter_groups(vae: nn.Module, lr: float, conditioning_lr_scale: float) ->
     return groups
 
 
+def lazy_regularization_ratio(config: TrainConfig) -> float:
+    """StyleGAN2's lazy-regularisation ratio ``c = k / (k + 1)`` for R1 every ``k = r1_every`` D steps.
+
+    ``1.0`` (no correction) when R1 is off (``r1_gamma == 0``) or applied every step (``r1_every == 1``).
+    """
+    k = config.r1_every
+    return k / (k + 1) if config.r1_gamma > 0 and k > 1 else 1.0
+
+
+def discriminator_optimizer(params: list[nn.Parameter], config: TrainConfig) -> torch.optim.AdamW:
+    """AdamW for the discriminator at ``disc_lr * c`` with betas ``disc_betas ** c``.
+
+    ``c`` is :func:`lazy_regularization_ratio`: with R1 every ``k`` steps StyleGAN2 (Karras et al. 2020,
+    Appendix B) scales Adam's learning rate by ``c`` and raises both betas to the power ``c``, and
+    multiplies the penalty by ``k`` (:meth:`Trainer.discriminator_step`). A checkpoint's optimizer
+    state carries its own lr and betas, so a resumed run keeps the values it started with.
+    """
+    c = lazy_regularization_ratio(config)
+    beta1, beta2 = config.disc_betas
+    return torch.optim.AdamW(params, lr=config.disc_lr * c, betas=(beta1**c, beta2**c))
+
+
 def last_layer(vae: LoopVAE | AutoencoderKL) -> torch.Tensor:
     """Weight of the decoder's final RGB conv (the LDM adaptive GAN weight's reference layer)."""
     return vae.get_last_layer() if isinstance(vae, LoopVAE) else vae.decoder.conv_out.weight
@@ -163,7 +186,7 @@ class Trainer(TrainingLoop):
             if config.stage == 2:
                 self.disc = build_discriminator(config.discriminator, config.dino_weights).to(dev)
                 self.d_params = [p for p in self.disc.parameters() if p.requires_grad]
-                self.d_optimizer = torch.optim.AdamW(self.d_params, lr=config.disc_lr, betas=tuple(config.disc_betas))
+                self.d_optimizer = discriminator_optimizer(self.d_params, config)
             self.loader = loopdata.make_loader(
                 data, task="reconstruction", train=True, batch_size=config.batch_size, num_workers=config.num_workers,
                 resolution=config.resolution, rank=self.ctx.rank, world_size=self.ctx.world_size, seed=config.seed,
@@ -233,31 +256,58 @@ class Trainer(TrainingLoop):
         return logs, recon.detach()
 
     def discriminator_step(self, x: torch.Tensor, recon: torch.Tensor) -> dict[str, float]:
+        """One hinge-loss step of the discriminator, and every ``r1_every``-th time a separate R1 step.
+
+        StyleGAN2's lazy regularisation: the R1 step is its own optimiser step with the penalty scaled by
+        ``r1_every`` = k, so Adam sees k + 1 steps per k minibatches, which is what the lr / betas
+        correction ``c = k / (k + 1)`` of :func:`discriminator_optimizer` compensates for.
+        """
         cfg = self.config
         for p in self.d_params:
             p.requires_grad_(True)
         lazy_r1 = self.d_steps % cfg.r1_every == 0 and cfg.r1_gamma > 0
-        real = x.detach().float().requires_grad_(lazy_r1)
+        real = x.detach().float()
         with self._autocast():
             real_logits = self.disc(diff_augment(real, cfg.diffaug_p, cfg.diffaug_cutout))
             fake_logits = self.disc(diff_augment(recon.float(), cfg.diffaug_p, cfg.diffaug_cutout))
         d_loss = hinge_d_loss(real_logits, fake_logits)
         logs = {"d_loss": float(d_loss.detach()), "d_real": float(real_logits.detach().float().mean()),
                 "d_fake": float(fake_logits.detach().float().mean())}
-        total = d_loss
+        self._discriminator_update(d_loss, "discriminator loss", logs)
         if lazy_r1:
-            r1 = r1_penalty(real, real_logits.float())
-            # lazy regularisation: apply every r1_every steps, scaled up by r1_every
-            total = total + 0.5 * cfg.r1_gamma * cfg.r1_every * r1
+            real = real.requires_grad_(True)
+            with self._autocast():
+                logits = self.disc(diff_augment(real, cfg.diffaug_p, cfg.diffaug_cutout))
+            r1 = r1_penalty(real, logits.float())  # on each sample's mean logit, like the hinge loss
             logs["r1"] = float(r1.detach())
-        self.check_finite(total, "discriminator loss", detail=str(logs))
-        self.d_optimizer.zero_grad(set_to_none=True)
-        total.backward()
-        average_gradients(self.d_params, self.ctx)
-        self.clip_and_check_gradients(self.d_params, cfg.grad_clip)
-        self.d_optimizer.step()
+            self._discriminator_update(0.5 * cfg.r1_gamma * cfg.r1_every * r1, "R1 penalty", logs)
         self.d_steps += 1
         return logs
+
+    def _discriminator_update(self, loss: torch.Tensor, what: str, logs: dict[str, float]) -> None:
+        self.check_finite(loss, what, detail=str(logs))
+        self.d_optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        average_gradients(self.d_params, self.ctx)
+        self.clip_and_check_gradients(self.d_params, self.config.grad_clip)
+        self.d_optimizer.step()
+
+    # -- release -------------------------------------------------------------------------------
+    def release_provenance(self) -> dict[str, Any]:
+        """``release.json`` facts beyond step and run: stage, weights, model, preset and data."""
+        cfg = self.config
+        facts = {"stage": cfg.stage, "weights": "ema", "model_name": None if cfg.init_from else cfg.model,
+                 "init_from": cfg.init_from, "data": describe_data(self.data_spec), "resolution": cfg.resolution,
+                 "batch_size": cfg.batch_size, "world_size": self.ctx.world_size}
+        return {k: v for k, v in facts.items() if v is not None}
+
+    def card_facts(self) -> dict[str, Any]:
+        """Model-card lines: MACs per 256² reconstruction and how to measure the metrics."""
+        macs = reconstruction_macs(self.ema.module, 256)
+        return {"MACs per 256² reconstruction": f"{macs / 1e9:.2f} G (encode, sample, decode; batch 1)",
+                "training crops": f"{self.step} steps × {self.config.batch_size} × {self.ctx.world_size} rank(s) "
+                                  f"of {self.config.resolution}²",
+                "measure_command": "loopvae eval --checkpoint <this folder> --data <shards or image folder> --out DIR"}
 
     # -- loop ----------------------------------------------------------------------------------
     def train_step(self, batch: dict[str, Any]) -> dict[str, float]:
@@ -286,9 +336,26 @@ class Trainer(TrainingLoop):
         )
         outcome = self.loop()
         release = self.finish_run(
-            self.vae, self.ema.module, {"stage": cfg.stage, "weights": "ema"}, outcome, {"max_steps": cfg.max_steps}
+            self.vae, self.ema.module, self.release_provenance(), outcome, {"max_steps": cfg.max_steps},
+            card_facts=self.card_facts() if outcome.stopped_by is None and self.ctx.is_main else None,
         )
         return self.result(outcome, release)
+
+
+def describe_data(spec: Any) -> str:
+    """A short description of the training data for provenance: the sources, at most three named."""
+    items = [str(u) for u in spec] if isinstance(spec, (list, tuple)) else [str(spec)]
+    shown = ", ".join(items[:3])
+    return shown + (f" and {len(items) - 3} more" if len(items) > 3 else "")
+
+
+def reconstruction_macs(model: torch.nn.Module, resolution: int) -> int:
+    """MACs of one ``resolution``² reconstruction (encode -> sample -> decode) at batch 1, counted on a
+    meta-device copy of ``model``'s architecture (no memory, no time)."""
+    with torch.device("meta"):
+        twin = type(model).from_config(model.config)
+        x = torch.empty(1, 3, resolution, resolution)
+    return count_macs(lambda: twin.decode(twin.encode(x).latent_dist.sample()))
 
 
 def train(config: TrainConfig, data: str | list[str], out_dir: str | Path) -> TrainResult:
