@@ -38,10 +38,11 @@ from .run_lock import RunLock
 from .run_logger import RunLogger, setup_run_logging, teardown_run_logging
 from .signals import StopSignal
 
-# Config keys a resumed run may change: they decide when to stop, save and log, never what is computed.
+# Config keys a resumed run may change: they decide when to stop, save and log, never what is computed
+# (``compile`` changes how, not what: the same graph, float rounding aside).
 RESUMABLE_CHANGES = frozenset(
     {"max_steps", "epochs", "checkpoint_every", "keep_checkpoints", "log_every", "image_every", "eval_every",
-     "progress_bar"}
+     "progress_bar", "compile"}
 )
 
 
