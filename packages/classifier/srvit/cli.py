@@ -7,6 +7,7 @@ import sys
 
 from loopcore.cli_errors import non_negative_int, positive_int
 from loopcore.config import add_override_argument
+from loopcore.speed import add_speed_arguments, apply_speed_arguments
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
@@ -22,6 +23,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
                         "folder with one sub-folder per class")
     p.add_argument("--val-data", default=None, help="validation shards (checked every eval_every steps and at the end)")
     p.add_argument("--out", required=True, help="run directory (config.yaml, checkpoints/, tb/, release/, train.log)")
+    p.add_argument("--compile", action="store_true", help="torch.compile the classifier (same as --set compile=true)")
+    add_speed_arguments(p, memory_format=False, compile=False)
     add_override_argument(p)
 
 
@@ -29,7 +32,7 @@ def _train(args: argparse.Namespace) -> int:
     from .train_config import load_train_config
     from .trainer import NonFiniteLossError, train
 
-    config = load_train_config(args.config, args.set)
+    config = load_train_config(args.config, args.set + (["compile=true"] if args.compile else []))
     try:
         result = train(config, args.data, args.out, args.val_data)
     except NonFiniteLossError as err:
@@ -80,6 +83,7 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--skip-corrupt", action="store_true",
                    help="skip undecodable or oversized images (counted in metrics.json) instead of stopping")
     p.add_argument("--device", default="auto")
+    add_speed_arguments(p, memory_format=False)
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -88,7 +92,7 @@ def _eval(args: argparse.Namespace) -> int:
     options = EvalOptions(
         steps=args.steps, batch_size=args.batch_size, num_workers=args.num_workers, resolution=args.resolution,
         protocol=args.protocol, limit=args.limit, weights=args.weights, device=args.device,
-        skip_corrupt=args.skip_corrupt,
+        skip_corrupt=args.skip_corrupt, compile=args.compile,
     )
     try:
         metrics = evaluate(args.checkpoint, args.data, args.out, options)
@@ -115,7 +119,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from loopcore.cli_errors import run_command
 
-    return run_command("srvit", args.command, lambda: {"train": _train, "eval": _eval}[args.command](args))
+    def command() -> int:
+        apply_speed_arguments(args)
+        return {"train": _train, "eval": _eval}[args.command](args)
+
+    return run_command("srvit", args.command, command)
 
 
 if __name__ == "__main__":

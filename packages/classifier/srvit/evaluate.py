@@ -22,6 +22,7 @@ import torch
 import loopdata
 from loopcore.checkpoint import write_atomic
 from loopcore.distributed import gather_objects, init_distributed, sum_across_ranks
+from loopcore.speed import compile_in_place
 
 from .loading import load_classifier
 from .model import RecursiveViT
@@ -114,6 +115,7 @@ class EvalOptions:
     device: str = "auto"
     plot: bool = True
     skip_corrupt: bool = False
+    compile: bool = False  # torch.compile the classifier (each evaluated step count compiles once)
 
 
 def evaluate(checkpoint: str | Path, data: str | list[str], out_dir: str | Path, options: EvalOptions) -> dict:
@@ -121,6 +123,8 @@ def evaluate(checkpoint: str | Path, data: str | list[str], out_dir: str | Path,
     ctx = init_distributed(options.device)
     loaded = load_classifier(checkpoint, options.weights)
     model = loaded.model.to(ctx.device)
+    if options.compile:
+        compile_in_place(model)
     cfg = model.config
     resolution = options.resolution or cfg.img_size
     protocol = options.protocol or loaded.protocol or "imagenet"

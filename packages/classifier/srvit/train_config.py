@@ -59,6 +59,7 @@ class TrainConfig:
     ema_decay: float = 0.99996
     precision: str = "bf16"  # bf16 autocast on CUDA; CPU runs fp32
     gradient_checkpointing: bool = False
+    compile: bool = False  # torch.compile the training step's forward (srvit train --compile)
     device: str = "auto"
     seed: int = 0
     # validation and bookkeeping

@@ -96,6 +96,8 @@ class Trainer(TrainingLoop):
             self.model.set_grad_checkpointing(config.gradient_checkpointing)
             self.ema = EMA(self.model, config.ema_decay).to(dev)
             step_module = SupervisedForward(self.model)
+            if config.compile:
+                step_module.compile()  # in place: parameter names, checkpoints and the EMA are unchanged
             self.step_module = (
                 DistributedDataParallel(step_module, device_ids=[dev.index] if dev.type == "cuda" else None)
                 if self.ctx.distributed else step_module

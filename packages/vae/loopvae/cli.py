@@ -7,6 +7,7 @@ import sys
 
 from loopcore.cli_errors import non_negative_int, positive_int
 from loopcore.config import add_override_argument
+from loopcore.speed import add_speed_arguments, apply_speed_arguments
 
 DATA_HELP = ("WebDataset shards (brace pattern, glob, directory of *.tar, comma-separated list) or a folder of "
              "image files (read recursively, sorted)")
@@ -28,6 +29,10 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", required=True, help="preset name or YAML file")
     p.add_argument("--data", required=True, help=DATA_HELP)
     p.add_argument("--out", required=True, help="run directory (checkpoints, tb/, release/, train.log)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the tokenizer (same as --set compile=true; the memory format is the "
+                        "config key channels_last)")
+    add_speed_arguments(p, memory_format=False, compile=False)
     add_override_argument(p)
 
 
@@ -35,7 +40,7 @@ def _train(args: argparse.Namespace) -> int:
     from .train_config import load_train_config
     from .trainer import NonFiniteLossError, train
 
-    config = load_train_config(args.config, args.set)
+    config = load_train_config(args.config, args.set + (["compile=true"] if args.compile else []))
     try:
         result = train(config, args.data, args.out)
     except NonFiniteLossError as err:
@@ -53,7 +58,7 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _add_eval(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("eval", help="rFID / PSNR / SSIM / LPIPS of a tokenizer on WebDataset shards")
+    p = sub.add_parser("eval", help="rFID / PSNR / SSIM / LPIPS of a tokenizer on WebDataset shards or an image folder")
     p.add_argument("--checkpoint", required=True,
                    help="release artifact, training run directory or diffusers VAE folder")
     p.add_argument("--data", required=True, help=DATA_HELP)
@@ -77,6 +82,7 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--save-images", action="store_true", help="write the uint8 reconstructions and references as PNG")
     p.add_argument("--device", default="auto")
     _add_weights_and_dtype(p)
+    add_speed_arguments(p)
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -88,6 +94,7 @@ def _eval(args: argparse.Namespace) -> int:
         lpips_weights=args.lpips_weights, lpips_random_backbone=args.lpips_random_backbone,
         require_lpips=args.require_lpips, save_images=args.save_images, device=args.device,
         skip_corrupt=args.skip_corrupt, weights=args.weights, dtype=args.dtype, progress=not args.no_progress,
+        memory_format=args.memory_format, compile=args.compile,
     )
     metrics = evaluate(args.checkpoint, args.data, args.out, options)
     rfid = "n/a" if metrics["rfid"] is None else f"{metrics['rfid']:.3f}"
@@ -106,13 +113,15 @@ def _add_intervene(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resolution", type=positive_int, default=256)
     p.add_argument("--device", default="cpu")
     _add_weights_and_dtype(p)
+    add_speed_arguments(p, compile=False)
 
 
 def _intervene(args: argparse.Namespace) -> int:
     from .intervene import intervene
 
     result = intervene(args.checkpoint, args.data, args.out, args.limit, args.resolution, args.device,
-                       weights=args.weights, dtype=args.dtype, progress=not args.no_progress)
+                       weights=args.weights, dtype=args.dtype, progress=not args.no_progress,
+                       memory_format=args.memory_format)
     print(f"{result['num_images']} images, {len(result['stages'])} stages -> {args.out}/interventions.md")
     return 0
 
@@ -138,6 +147,7 @@ def _add_latent_stats(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
     p.add_argument("--dry-run", action="store_true", help="print the estimate without writing config.json")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_speed_arguments(p, memory_format=False, compile=False)
 
 
 def _latent_stats(args: argparse.Namespace) -> int:
@@ -164,6 +174,9 @@ def _add_profile(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--iters", type=positive_int, default=5)
     p.add_argument("--macs-only", action="store_true", help="only count parameters and MACs (no timing)")
     p.add_argument("--out", required=True)
+    p.add_argument("--plain-blocks", action="store_true",
+                   help="time the cores' blocks with the plain adaLN-Zero formula instead of the fused one")
+    add_speed_arguments(p)
 
 
 def _profile(args: argparse.Namespace) -> int:
@@ -175,7 +188,8 @@ def _profile(args: argparse.Namespace) -> int:
     if unknown:
         raise ValueError(f"unknown model(s) {unknown}; available: {', '.join(list_models())}")
     profile(models, args.out, device=args.device, batch=args.batch, resolution=args.resolution, dtype=args.dtype,
-            warmup=args.warmup, iters=args.iters, macs_only=args.macs_only)
+            warmup=args.warmup, iters=args.iters, macs_only=args.macs_only, memory_format=args.memory_format,
+            compile=args.compile, plain_blocks=args.plain_blocks)
     print((__import__("pathlib").Path(args.out) / "profile.md").read_text())
     return 0
 
@@ -187,6 +201,7 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--train-steps", type=int, default=None,
                    help="steps of the demo's own tiny-stage1 run (default 200; the bundled model is trained already)")
     add_override_argument(p, "override tiny-stage1 config keys")
+    add_speed_arguments(p, memory_format=False, compile=False)
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -219,7 +234,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from loopcore.cli_errors import run_command
 
-    return run_command("loopvae", args.command, lambda: COMMANDS[args.command](args))
+    def command() -> int:
+        apply_speed_arguments(args)
+        return COMMANDS[args.command](args)
+
+    return run_command("loopvae", args.command, command)
 
 
 if __name__ == "__main__":

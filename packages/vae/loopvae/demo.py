@@ -85,8 +85,10 @@ def run_demo(
 
     log(f"[4/4] profile: {' and '.join(TIMED_MODELS)} timed side by side on the CPU, paper models counted")
     start = time.perf_counter()
-    rows = [profile_model(name, batch=1, resolution=256, warmup=1, iters=profile_iters) for name in TIMED_MODELS]
-    rows += [profile_model(name, resolution=256, macs_only=True) for name in PAPER_MODELS]
+    rows = [row for name in TIMED_MODELS
+            for row in profile_model(name, batch=1, resolution=256, warmup=1, iters=profile_iters,
+                                     memory_format="channels_last")]
+    rows += [row for name in PAPER_MODELS for row in profile_model(name, resolution=256, macs_only=True)]
     (out / "profile").mkdir(exist_ok=True)
     (out / "profile" / "profile.json").write_text(json.dumps(rows, indent=2))
     (out / "profile" / "profile.md").write_text(render_profile(rows, reference="flux-vae-tiny"))

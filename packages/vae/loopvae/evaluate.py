@@ -31,6 +31,7 @@ from loopcore.distributed import (
     sum_across_ranks,
 )
 from loopcore.run_logger import setup_run_logging, teardown_run_logging
+from loopcore.speed import prepare_for_speed, to_memory_format
 from loopdata.keys import path_for_key
 
 from .loading import LoadedTokenizer, load_tokenizer
@@ -59,6 +60,8 @@ class EvalOptions:
     weights: str = "ema"  # for training run directories: "ema" or "model"
     dtype: str = "fp32"  # "fp32" or "bf16": the tokenizer's compute dtype (metrics are always float64)
     progress: bool = True  # a progress bar on stderr (rank 0)
+    memory_format: str = "contiguous"  # or "channels_last" (faster convolutions; see loopcore.speed)
+    compile: bool = False  # torch.compile the tokenizer (first batch compiles)
 
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -89,11 +92,11 @@ def latent_values_per_pixel(model: torch.nn.Module) -> float:
 
 
 @torch.no_grad()
-def reconstruct(model: torch.nn.Module, images: torch.Tensor) -> torch.Tensor:
+def reconstruct(model: torch.nn.Module, images: torch.Tensor, memory_format: str = "contiguous") -> torch.Tensor:
     """Posterior mode -> decode (``(B,3,H,W)`` in [-1, 1] -> unclipped float32 reconstruction).
 
-    The images are cast to the model's dtype (bf16 models compute in bf16)."""
-    images = images.to(next(model.parameters()).dtype)
+    The images are cast to the model's dtype (bf16 models compute in bf16) and ``memory_format``."""
+    images = to_memory_format(images.to(next(model.parameters()).dtype), memory_format)
     return model.decode(model.encode(images).latent_dist.mode()).sample.float()
 
 
@@ -156,7 +159,8 @@ def build_lpips(options: EvalOptions, device: torch.device) -> tuple[PerceptualL
 
 def _evaluate(checkpoint: str | Path, data: str, out: Path, options: EvalOptions, ctx) -> dict[str, Any]:
     loaded: LoadedTokenizer = load_tokenizer(checkpoint, options.weights)
-    model = to_compute(loaded.model, ctx.device, options.dtype)
+    model = prepare_for_speed(to_compute(loaded.model, ctx.device, options.dtype), options.memory_format,
+                              options.compile)
     lpips_model, lpips_reason = build_lpips(options, ctx.device)
     if lpips_reason and options.lpips_net != "none":
         log.warning("LPIPS unavailable: %s", lpips_reason)
@@ -233,7 +237,7 @@ def _evaluate_batches(loader, model, lpips_model, fid, vpp, quota, options, out,
                 break
             images, keys, shards = images[:room], keys[:room], shards[:room]
         images = images.to(ctx.device)
-        recon = reconstruct(model, images)
+        recon = reconstruct(model, images, options.memory_format)
         ref_u8, rec_u8 = to_uint8(images), to_uint8(recon)
         psnr, ssim = psnr_per_image(rec_u8, ref_u8), ssim_per_image(rec_u8, ref_u8)
         lp = (lpips_model(rec_u8.float() / 127.5 - 1, ref_u8.float() / 127.5 - 1) if lpips_model is not None

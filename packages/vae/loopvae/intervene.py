@@ -24,6 +24,7 @@ import loopcore as lc
 import loopdata
 from loopcore.checkpoint import write_atomic
 from loopcore.run_logger import setup_run_logging, teardown_run_logging
+from loopcore.speed import prepare_for_speed, to_memory_format
 
 from .loading import load_tokenizer
 from .metrics import range_statistics
@@ -188,11 +189,13 @@ def plot(result: dict[str, Any], out: Path) -> list[Path]:
 def intervene(
     checkpoint: str | Path, data: str, out_dir: str | Path, limit: int = 16, resolution: int = 256,
     device: str = "cpu", weights: str = "ema", dtype: str = "fp32", progress: bool = True,
+    memory_format: str = "contiguous",
 ) -> dict[str, Any]:
     """Load, read ``limit`` images, run :func:`run_interventions`, write json / md / plots and ``intervene.log``.
 
     ``weights`` picks ``ema`` or ``model`` weights of a training run directory; ``dtype`` (``fp32`` or
-    ``bf16``) the model's compute dtype (metrics stay float64).
+    ``bf16``) the model's compute dtype (metrics stay float64); ``memory_format`` the torch layout the
+    model runs in (see :mod:`loopcore.speed`).
     """
     from .evaluate import to_compute
 
@@ -203,7 +206,7 @@ def intervene(
         loaded = load_tokenizer(checkpoint, weights)
         if not isinstance(loaded.model, LoopVAE):
             raise ValueError(f"interventions need a LoopVAE; {checkpoint} is a {type(loaded.model).__name__}")
-        model = to_compute(loaded.model, device, dtype)
+        model = prepare_for_speed(to_compute(loaded.model, device, dtype), memory_format)
         loader = loopdata.make_loader(data, task="reconstruction", train=False, batch_size=limit, num_workers=0,
                                       resolution=resolution, rank=0, world_size=1)
         images, keys = [], []
@@ -214,7 +217,7 @@ def intervene(
                 break
         if not keys:
             raise ValueError(f"no images in {data}")
-        x = torch.cat(images)[:limit].to(device)
+        x = to_memory_format(torch.cat(images)[:limit].to(device), memory_format)
         log.info("intervening on %d images from %s with %s (%s, %s weights)", len(keys[:limit]), data,
                  loaded.source, dtype, weights if loaded.kind == "run-checkpoint" else "release")
         result = run_interventions(model, x, progress=progress)

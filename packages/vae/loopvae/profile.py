@@ -19,6 +19,8 @@ import torch
 
 from loopcore.flops import count_macs, count_parameters
 from loopcore.memory import track_peak_memory
+from loopcore.modulation import ModulatedBlock
+from loopcore.speed import compile_in_place, prepare_for_speed, to_memory_format
 
 from .model import LoopVAE
 from .registry import create_model
@@ -83,25 +85,11 @@ def measured_stage_share(model: LoopVAE, x: torch.Tensor) -> dict[str, float]:
     return {k: v / total for k, v in times.items()}
 
 
-def profile_model(
-    name: str, device: str = "cpu", batch: int = 1, resolution: int = 256, dtype: str = "fp32", warmup: int = 2,
-    iters: int = 5, macs_only: bool = False,
-) -> dict[str, Any]:
-    """One ``profile.json`` row (see module docstring)."""
-    params, macs = count_model(name, resolution)
-    row: dict[str, Any] = {
-        "model": name, "params": params, "gmacs": macs / 1e9, "ms_per_image": None, "images_per_s": None,
-        "peak_mem_mib": None, "device": device, "dtype": dtype, "batch": batch, "resolution": resolution,
-    }
-    if macs_only:
-        return row
-    dev = torch.device(device)
-    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
-    torch.manual_seed(0)
-    model = create_model(name).to(dev).eval()
-    if torch_dtype != torch.float32:
-        model = model.to(torch_dtype)
-    x = (torch.rand(batch, 3, resolution, resolution, device=dev) * 2 - 1).to(torch_dtype)
+def _time_reconstruction(
+    model: torch.nn.Module, x: torch.Tensor, warmup: int, iters: int
+) -> tuple[float, float]:
+    """``(ms per batch, peak memory MiB)`` of encoder -> posterior sample -> decoder, ``warmup`` + ``iters`` calls."""
+    dev = x.device
 
     def step() -> None:
         model.decode(model.encode(x).latent_dist.sample())
@@ -116,13 +104,50 @@ def profile_model(
                 step()
             _sync(dev)
             elapsed = time.perf_counter() - start
-    batch_ms = 1000 * elapsed / iters
-    row.update(ms_per_image=batch_ms / batch, images_per_s=batch * iters / elapsed,
-               peak_mem_mib=peak.absolute_peak_bytes / 2**20)
+    return 1000 * elapsed / iters, peak.absolute_peak_bytes / 2**20
+
+
+def profile_model(
+    name: str, device: str = "cpu", batch: int = 1, resolution: int = 256, dtype: str = "fp32", warmup: int = 2,
+    iters: int = 5, macs_only: bool = False, memory_format: str = "contiguous", compile: bool = False,
+    plain_blocks: bool = False,
+) -> list[dict[str, Any]]:
+    """``profile.json`` rows of one model (see module docstring): the eager row, plus a compiled row when
+    ``compile`` (the same weights and input after :func:`loopcore.speed.compile_in_place`; its warm-up
+    includes the compilation, so it gets at least one warm-up call). ``plain_blocks`` times the looped
+    cores' blocks with the plain adaLN-Zero formula instead of the fused one (what the fusion buys)."""
+    params, macs = count_model(name, resolution)
+    row: dict[str, Any] = {
+        "model": name, "variant": "eager", "params": params, "gmacs": macs / 1e9, "ms_per_image": None,
+        "images_per_s": None, "peak_mem_mib": None, "device": device, "dtype": dtype, "batch": batch,
+        "resolution": resolution, "memory_format": memory_format, "plain_blocks": plain_blocks,
+    }
+    if macs_only:
+        return [row]
+    dev = torch.device(device)
+    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
+    torch.manual_seed(0)
+    model = prepare_for_speed(create_model(name).to(dev).eval(), memory_format)
+    for module in model.modules():
+        if isinstance(module, ModulatedBlock):
+            module.fused = not plain_blocks
+    if torch_dtype != torch.float32:
+        model = model.to(torch_dtype)
+    x = to_memory_format((torch.rand(batch, 3, resolution, resolution, device=dev) * 2 - 1).to(torch_dtype),
+                         memory_format)
+    rows = [row]
+    batch_ms, peak = _time_reconstruction(model, x, warmup, iters)
+    row.update(ms_per_image=batch_ms / batch, images_per_s=1000 * batch / batch_ms, peak_mem_mib=peak)
     if isinstance(model, LoopVAE):
         row["stage_share_measured"] = measured_stage_share(model, x)
         row["stage_share_analytic"] = analytic_stage_share(model, resolution)
-    return row
+    if compile:
+        compile_in_place(model)
+        batch_ms, peak = _time_reconstruction(model, x, max(warmup, 1), iters)
+        rows.append({**{k: v for k, v in row.items() if not k.startswith("stage_share")}, "variant": "compiled",
+                     "ms_per_image": batch_ms / batch, "images_per_s": 1000 * batch / batch_ms,
+                     "peak_mem_mib": peak})
+    return rows
 
 
 def render_markdown(rows: list[dict[str, Any]], reference: str | None = None) -> str:
@@ -131,27 +156,34 @@ def render_markdown(rows: list[dict[str, Any]], reference: str | None = None) ->
     r0 = rows[0]
     lines = [
         "# Runtime profile", "",
-        f"Device {r0['device']}, {r0['dtype']}, batch {r0['batch']}, {r0['resolution']}², encoder → posterior "
-        "sample → decoder. MACs counted at batch 1 (conv, linear, attention matmuls).", "",
-        "| model | params (M) | GMACs | ms / image | images / s | peak mem (MiB) |", "|---|---:|---:|---:|---:|---:|",
+        f"Device {r0['device']}, {r0['dtype']}, batch {r0['batch']}, {r0['resolution']}², memory format "
+        f"{r0.get('memory_format', 'contiguous')}, encoder → posterior sample → decoder. MACs counted at batch 1 "
+        "(conv, linear, attention matmuls); GMAC/s = MACs × batch / time.", "",
+        "| model | variant | params (M) | GMACs | ms / image | images / s | GMAC/s | peak mem (MiB) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
-        lines.append(f"| {r['model']} | {r['params'] / 1e6:.2f} | {r['gmacs']:.2f} | {fmt(r['ms_per_image'], '.2f')} | "
-                     f"{fmt(r['images_per_s'], '.2f')} | {fmt(r['peak_mem_mib'], '.0f')} |")
+        rate = r["gmacs"] * 1000 / r["ms_per_image"] if r["ms_per_image"] else None
+        lines.append(f"| {r['model']} | {r.get('variant', 'eager')} | {r['params'] / 1e6:.2f} | {r['gmacs']:.2f} | "
+                     f"{fmt(r['ms_per_image'], '.2f')} | {fmt(r['images_per_s'], '.2f')} | {fmt(rate, '.1f')} | "
+                     f"{fmt(r['peak_mem_mib'], '.0f')} |")
     names = [r["model"] for r in rows]
     reference = reference or ("flux-vae" if "flux-vae" in names else None)
     if reference in names and len(rows) > 1:
-        ref = rows[names.index(reference)]
-        lines += ["", f"Ratios against `{reference}` (measured side by side in this run):", "",
-                  "| model | weights | MACs | time |", "|---|---:|---:|---:|"]
+        refs = {r.get("variant", "eager"): r for r in rows if r["model"] == reference}
+        lines += ["", f"Ratios against `{reference}` of the same variant (measured side by side in this run):", "",
+                  "| model | variant | weights | MACs | time |", "|---|---|---:|---:|---:|"]
         for r in rows:
-            if r is ref:
+            variant = r.get("variant", "eager")
+            ref = refs.get(variant)
+            if ref is None or r["model"] == reference:
                 continue
             t = (f"{r['ms_per_image'] / ref['ms_per_image']:.2f}×"
                  if r["ms_per_image"] and ref["ms_per_image"] else "–")
             ratio = r["params"] / ref["params"]
             fewer = f"{100 * (1 - ratio):.0f}% fewer" if ratio < 1 else f"{100 * (ratio - 1):.0f}% more"
-            lines.append(f"| {r['model']} | {ratio:.2f}× ({fewer}) | {r['gmacs'] / ref['gmacs']:.2f}× | {t} |")
+            macs = r["gmacs"] / ref["gmacs"]
+            lines.append(f"| {r['model']} | {variant} | {ratio:.2f}× ({fewer}) | {macs:.2f}× | {t} |")
     for r in rows:
         if "stage_share_measured" in r:
             lines += ["", f"Core time per stage, `{r['model']}` (measured vs analytic tokens × passes):", "",
@@ -181,7 +213,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    timed = [r for r in rows if r["ms_per_image"] is not None]
+    timed = [r for r in rows if r["ms_per_image"] is not None and r.get("variant", "eager") == "eager"]
     fig, axes = plt.subplots(1, 2 if timed else 1, figsize=(11 if timed else 5.5, 4.2), squeeze=False)
     ax = axes[0][0]
     _labelled_scatter(ax, [(r["model"], r["params"] / 1e6, r["gmacs"]) for r in rows])
@@ -206,7 +238,7 @@ def profile(models: list[str], out_dir: str | Path, **kwargs: Any) -> list[dict[
     """Profile ``models`` side by side and write ``profile.json``, ``profile.md`` and ``profile.png``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    rows = [profile_model(name, **kwargs) for name in models]
+    rows = [row for name in models for row in profile_model(name, **kwargs)]
     (out / "profile.json").write_text(json.dumps(rows, indent=2))
     (out / "profile.md").write_text(render_markdown(rows))
     plot(rows, out / "profile.png")

@@ -39,7 +39,8 @@ class TrainConfig:
     ema_decay: float = 0.9999
     precision: str = "bf16"  # bf16 autocast on CUDA; CPU runs fp32
     gradient_checkpointing: bool = False
-    channels_last: bool = True  # NHWC activations: ~1.5x faster convolutions on CPU (oneDNN) and GPU
+    channels_last: bool = True  # torch.channels_last activations: faster convolutions and 1x1-as-GEMM (loopcore.speed)
+    compile: bool = False  # torch.compile the training step's forward (loopvae train --compile)
     device: str = "auto"
     seed: int = 0
     # objective

@@ -171,6 +171,8 @@ class Trainer(TrainingLoop):
             )
             self.objective = ReconstructionObjective(weights, perceptual)
             step_module = ReconstructionStep(self.vae, config.latent_noise_std, config.deep_supervision_weight > 0)
+            if config.compile:
+                step_module.compile()  # in place: parameter names, checkpoints and the EMA are unchanged
             self.step_module = (
                 DistributedDataParallel(step_module, device_ids=[dev.index] if dev.type == "cuda" else None)
                 if self.ctx.distributed else step_module
