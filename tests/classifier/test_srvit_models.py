@@ -76,13 +76,15 @@ def test_srvit_parameters_are_vit_plus_one_router_per_block_and_r1_is_vit() -> N
     with torch.device("meta"):
         vit = count_parameters(srvit.create_model("vit-s"))
         r1 = count_parameters(srvit.create_model("srvit-s", recursion=1))
-        r4 = count_parameters(srvit.create_model("srvit-s", recursion=4))
+        r4 = count_parameters(srvit.create_model("srvit-s", recursion=4))  # default router: query
         last = count_parameters(srvit.create_model("srvit-s", recursion=4, fusion="last"))
-        query = count_parameters(srvit.create_model("srvit-s", recursion=4, fusion="query"))
+        token = count_parameters(srvit.create_model("srvit-s", recursion=4, fusion="token"))
     assert vit == r1 == last == 22_050_664  # timm's deit_small_patch16_224
-    assert r4 - vit == 12 * router_parameter_count(384, 4) == 12 * 148_997
-    assert query - vit == 12 * router_parameter_count(384, 4, "query")
-    assert abs(query - 23.75e6) <= 0.2e6  # the paper's +1.7M holds for the cheaper router too
+    assert token - vit == 12 * router_parameter_count(384, 4, "token") == 12 * 148_997
+    query_router = router_parameter_count(384, 4, "query")
+    assert r4 - vit == 12 * router_parameter_count(384, 4) == 12 * query_router == 12 * 148_612
+    assert r4 == 23_834_008 and token == 23_838_628
+    assert abs(r4 - 23.75e6) <= 0.2e6 and abs(token - 23.75e6) <= 0.2e6  # the paper's +1.7M, either router
 
 
 def test_vit_s_computes_timms_deit_small_with_the_same_weights() -> None:
@@ -248,7 +250,7 @@ def test_drop_path_is_random_in_training_and_off_in_eval() -> None:
 
 
 def test_weight_decay_groups_follow_deit() -> None:
-    model = tiny("srvit-s", depth=2, recursion=2)
+    model = tiny("srvit-s", depth=2, recursion=2, fusion="token")
     decay, no_decay = parameter_groups(model, 0.05)
     names = {id(p): n for n, p in model.named_parameters()}
     no_decay_names = {names[id(p)] for p in no_decay["params"]}

@@ -49,8 +49,8 @@ def test_router_parameter_cost_is_documented_formula() -> None:
         for mode in lc.FUSION_MODES:
             fusion = lc.SoftMoRFusion(dim, r, mode)
             assert sum(p.numel() for p in fusion.parameters()) == lc.router_parameter_count(dim, r, mode)
-    assert lc.router_parameter_count(384, 4) == 148_997
-    assert lc.router_parameter_count(384, 4, "query") == 148_612
+    assert lc.router_parameter_count(384, 4, "token") == 148_997
+    assert lc.router_parameter_count(384, 4, "query") == 148_612 == lc.router_parameter_count(384, 4)  # default
     assert sum(p.numel() for p in lc.SoftMoRFusion(16, 4, "global").parameters()) == 4
 
 

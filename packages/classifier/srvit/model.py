@@ -114,7 +114,7 @@ class RecursiveViT(ReleaseLoadingMixin, ModelMixin, ConfigMixin):
         mlp_ratio: float = 4.0,
         qkv_bias: bool = True,
         recursion: int = 1,
-        fusion: str = "token",
+        fusion: str = "query",
         solver: str = "euler",
         step_size: float = 1.0,
         loop_embedding: bool = False,

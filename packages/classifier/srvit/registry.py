@@ -26,7 +26,7 @@ SIZES: dict[str, dict[str, int]] = {
 FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
     "vit": dict(depth=12, recursion=1, fusion="last"),
     "bvit": dict(depth=1, recursion=12, fusion="last"),
-    "srvit": dict(depth=12, recursion=4, fusion="token"),
+    "srvit": dict(depth=12, recursion=4, fusion="query"),
 }
 
 _REGISTRY: dict[str, Callable[..., RecursiveViT]] = {}

@@ -6,17 +6,20 @@ the fused state is ``sum_r alpha_r h^(r)``. Modes:
 * ``last``   -- plain recursion (weight 1 on the last pass; no parameters);
 * ``mean``   -- uniform weights (no parameters);
 * ``global`` -- one learned logit per step, shared by all tokens (``R`` parameters);
-* ``token``  -- a per-token router (default). The SoftMoR paper gives no equations; ours is
+* ``token``  -- a per-token router. The SoftMoR paper gives no equations; ours is
   ``LayerNorm(d) -> Linear(d, d) -> GELU -> Linear(d, 1)`` applied to every step's output,
   shared over steps, plus a learned per-step bias. Parameter cost: ``2d + (d^2 + d) + (d + 1) + R
   = d^2 + 4d + 1 + R`` (e.g. 148,997 for d=384, R=4). The last linear and the step biases start
   at zero, so the router starts as ``mean`` and learns to prefer steps.
-* ``query``  -- token-wise like ``token``, at a fraction of its arithmetic: a query
+* ``query``  -- the default: token-wise like ``token``, at a fraction of its arithmetic: a query
   ``q = Linear(d, d)(LayerNorm(c))`` is computed once per token from the state ``c`` the passes started
   from (the ``context``), and step ``r`` scores ``q . LN(h^(r)) / sqrt(d)`` (affine-free LN) plus a
   per-step bias. The ``d x d`` product runs once per token instead of once per token and step, so at
   ``R = 4`` it costs a quarter of ``token``'s router GEMMs, with nearly the same parameters:
-  ``2d + d^2 + d + R = d^2 + 3d + R``. The query's linear starts at zero (= ``mean``).
+  ``2d + d^2 + d + R = d^2 + 3d + R``. The query's linear starts at zero (= ``mean``). It is the default
+  because ``token``'s router alone adds 7.2% MACs and 8.8% inference time to SR-ViT-S at R = 4 (over the
+  5% budget) while ``query`` adds 1.8% / 0.7% and matched ``token``'s accuracy in the recurrence study
+  (docs/benchmarks.md, docs/study_recursion.md).
 
 Tokens are pixels for ``(B, C, H, W)`` maps (``channels_last=False``) and the leading positions
 for ``(B, ..., C)`` tensors.
@@ -43,7 +46,7 @@ class FusionOutput:
     weights: torch.Tensor
 
 
-def router_parameter_count(dim: int, steps: int, mode: FusionMode = "token") -> int:
+def router_parameter_count(dim: int, steps: int, mode: FusionMode = "query") -> int:
     """Parameters of one fusion module of ``mode`` for width ``dim`` and ``steps`` recursion steps."""
     counts = {"last": 0, "mean": 0, "global": steps, "token": dim * dim + 4 * dim + 1 + steps,
               "query": dim * dim + 3 * dim + steps}
@@ -58,11 +61,11 @@ class SoftMoRFusion(nn.Module):
     Args:
         dim: channels ``d`` of each state.
         steps: maximum number of steps ``R`` that will be fused (prefixes of fewer steps are allowed).
-        mode: one of ``last``, ``mean``, ``global``, ``token``.
+        mode: one of ``last``, ``mean``, ``global``, ``token``, ``query`` (default).
         channels_last: layout of the states (see module docstring).
     """
 
-    def __init__(self, dim: int, steps: int, mode: FusionMode = "token", channels_last: bool = True) -> None:
+    def __init__(self, dim: int, steps: int, mode: FusionMode = "query", channels_last: bool = True) -> None:
         super().__init__()
         if mode not in FUSION_MODES:
             raise ValueError(f"unknown SoftMoR mode {mode!r}; choose one of {FUSION_MODES}")

@@ -163,7 +163,7 @@ class LoopVAE(ReleaseLoadingMixin, ModelMixin, AutoencoderMixin, ConfigMixin):
         encoder_windows, decoder_windows: attention window side per stage (``None`` = global).
         sharing: ``global`` | ``scale`` | ``none`` (stored blocks per branch K / K S / K sum L).
         fusion: ``none`` or ``softmor`` (fuse each stage's pass outputs before its transition).
-        fusion_mode: SoftMoR mode when ``fusion='softmor'`` (``token`` default).
+        fusion_mode: SoftMoR mode when ``fusion='softmor'`` (``query`` default; ``token`` the heavier router).
         norm_groups: GroupNorm groups in the conv blocks, stem and heads (32; narrow models want
             several channels per group, or the normalisation erases per-image colour statistics).
         shortcuts: parameter-free DC-AE-style paths around the stem, transitions and heads (our
@@ -206,7 +206,7 @@ class LoopVAE(ReleaseLoadingMixin, ModelMixin, AutoencoderMixin, ConfigMixin):
         decoder_windows: Sequence[int | None] | None = None,
         sharing: str = "global",
         fusion: str = "none",
-        fusion_mode: str = "token",
+        fusion_mode: str = "query",
         norm_groups: int = 32,
         shortcuts: bool = False,
         sample_size: int = 256,
