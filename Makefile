@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup test lint demo bench study study-vae clean
+.PHONY: setup test lint demo bench bench-gpu study study-vae clean
 
 setup: $(STAMP)
 
@@ -29,6 +29,10 @@ bench: setup
 	$(BIN)/python benchmarks/bench_data.py --out docs/benchmarks.md
 	$(BIN)/python benchmarks/bench_vae.py --out docs/benchmarks.md
 	$(BIN)/python benchmarks/bench_srvit.py --out docs/benchmarks.md
+
+# The paper's GPU runtime protocol (bf16, batch 8, 10 + 100 passes, eager and compiled); needs a CUDA GPU.
+bench-gpu: setup
+	benchmarks/gpu_profile.sh
 
 # The recurrence study on the shared CIFAR-10 shards (about 40 minutes on 2 CPU cores) -> docs/study_recursion.md.
 study: setup
