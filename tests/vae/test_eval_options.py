@@ -133,3 +133,36 @@ def test_latent_stats_give_unit_variance_latents_and_are_written_into_config(tin
     assert abs(float(normalised.mean())) < 1e-6
     assert float(normalised.var(unbiased=False)) == pytest.approx(1.0, abs=1e-6)
     assert cfg.scaling_factor == pytest.approx(1 / math.sqrt(float(z.var(unbiased=False))), rel=1e-6)
+    # the same four images as an image folder give the same estimate
+    capsys.readouterr()
+    assert _run("latent-stats", "--checkpoint", str(release), "--data", str(_kodak_folder(tmp_path)), "--resolution",
+                "64", "--num-workers", "0", "--posterior", "mode", "--dry-run", "--no-progress") == 0
+    printed = capsys.readouterr().out
+    shift, scale = (float(printed.split(name)[1].split()[0].rstrip(",")) for name in ("shift_factor", "scaling_factor"))
+    assert shift == pytest.approx(cfg.shift_factor, abs=1e-5) and scale == pytest.approx(cfg.scaling_factor, rel=1e-5)
+
+
+def test_eval_and_intervene_show_progress_bars_unless_asked_not_to(tiny_run, tmp_path: Path, capfd) -> None:
+    common = ["--checkpoint", str(tiny_run[0]), "--data", data_urls("val"), "--resolution", "32"]
+    assert _run("eval", *common, "--out", str(tmp_path / "e"), "--num-workers", "0", "--lpips-net", "none",
+                "--batch-size", "2") == 0
+    assert _run("intervene", *common, "--out", str(tmp_path / "i"), "--limit", "2") == 0
+    err = capfd.readouterr().err
+    assert "eval: 100%" in err and "2/2 [" in err  # 4 images in batches of 2
+    assert "intervene: 100%" in err
+    assert _run("eval", *common, "--out", str(tmp_path / "e2"), "--num-workers", "0", "--lpips-net", "none",
+                "--no-progress") == 0
+    assert _run("intervene", *common, "--out", str(tmp_path / "i2"), "--limit", "2", "--no-progress") == 0
+    err = capfd.readouterr().err
+    assert "eval:" not in err and "intervene:" not in err
+
+
+def test_eval_memory_formats_agree(tiny_run, tmp_path: Path) -> None:
+    common = ["--checkpoint", str(tiny_run[0]), "--data", data_urls("val"), "--resolution", "32", "--num-workers",
+              "0", "--lpips-net", "none", "--no-progress"]
+    psnr = {}
+    for fmt in ("contiguous", "channels_last"):
+        assert _run("eval", *common, "--out", str(tmp_path / fmt), "--memory-format", fmt) == 0
+        psnr[fmt] = json.loads((tmp_path / fmt / "metrics.json").read_text())["psnr"]
+    # the same model on uint8-quantised outputs: float-rounding differences move a pixel by one level at most
+    assert psnr["channels_last"] == pytest.approx(psnr["contiguous"], abs=0.02)
