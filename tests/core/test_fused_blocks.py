@@ -15,13 +15,6 @@ from loopvae import create_model
 from lv_testing import randomize_
 
 
-def _set_fused(module: torch.nn.Module, fused: bool) -> torch.nn.Module:
-    for m in module.modules():
-        if isinstance(m, lc.ModulatedBlock):
-            m.fused = fused
-    return module
-
-
 def _block_and_input(kind: str) -> tuple[lc.ModulatedBlock, torch.Tensor]:
     if kind == "conv":
         return randomize_(lc.conv_block(64, 16), std=0.1), torch.randn(2, 64, 9, 7)
@@ -33,7 +26,7 @@ def _block_and_input(kind: str) -> tuple[lc.ModulatedBlock, torch.Tensor]:
 def test_fused_block_equals_the_plain_formula_forward_and_backward(kind: str, layout: str) -> None:
     block, x = _block_and_input(kind)
     cond = torch.randn(16)
-    plain = _set_fused(copy.deepcopy(block), False)
+    plain = lc.set_fused_blocks(copy.deepcopy(block), False)
     fused = prepare_for_speed(block, layout) if kind == "conv" else block
     x_fused = to_memory_format(x, layout) if kind == "conv" else x
 
@@ -54,14 +47,14 @@ def test_per_sample_modulation_takes_the_plain_formula() -> None:
     # (B, cond_dim) conditioning cannot be folded into shared weights: the fused path must not be taken.
     block, x = _block_and_input("conv")
     cond = torch.randn(2, 16)
-    plain = _set_fused(copy.deepcopy(block), False)
+    plain = lc.set_fused_blocks(copy.deepcopy(block), False)
     torch.testing.assert_close(block(x, cond), plain(x, cond), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("sharing", lc.SHARING_RULES)
 def test_looped_core_with_fused_blocks_matches_the_written_recursion(sharing: str) -> None:
     core = randomize_(lc.LoopedCore(lc.block_factory("conv", 32, 32), 2, [1, 3], 32, sharing=sharing), std=0.1)
-    plain = _set_fused(copy.deepcopy(core), False)
+    plain = lc.set_fused_blocks(copy.deepcopy(core), False)
     h0 = torch.randn(2, 32, 8, 8)
     with torch.no_grad():
         for scale in range(2):
@@ -77,7 +70,7 @@ def test_looped_core_with_fused_blocks_matches_the_written_recursion(sharing: st
 def test_optimised_tokenizer_equals_the_eager_reference_path(name: str) -> None:
     kwargs = {} if name == "loopvae-cnn-tiny" else {"width": 64, "num_heads": 2, "num_blocks": 2}
     model = randomize_(create_model(name, **kwargs).eval(), std=0.05)
-    reference = _set_fused(copy.deepcopy(model), False)
+    reference = lc.set_fused_blocks(copy.deepcopy(model), False)
     x = torch.rand(2, 3, 64, 64) * 2 - 1
     with torch.no_grad():
         expected = reference(x).sample
@@ -98,7 +91,7 @@ def test_speed_switches_change_no_parameter_and_no_mac() -> None:
         model = create_model("loopvae-cnn-f8d16")
         x = torch.empty(1, 3, 256, 256)
     params, macs = count_parameters(model), count_macs(lambda: model.decode(model.encode(x).latent_dist.mode()))
-    _set_fused(model, False)
+    lc.set_fused_blocks(model, False)
     assert count_macs(lambda: model.decode(model.encode(x).latent_dist.mode())) == macs
     prepare_for_speed(model, "channels_last")
     assert count_parameters(model) == params == 29_293_863

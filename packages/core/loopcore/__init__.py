@@ -14,7 +14,7 @@ from .conditioning import ScaleLoopEmbedding
 from .conv_operator import ConvOperator
 from .hooks import LoopHooks, PassRecord, relative_update
 from .looped_core import SHARING_RULES, LoopedCore, StageOutput, stored_block_count
-from .modulation import ModulatedBlock, broadcast_modulation
+from .modulation import ModulatedBlock, broadcast_modulation, set_fused_blocks
 from .ode import SOLVERS, ODESolver, euler_step, heun_step, residual_field, rk4_step, supervised_steps
 from .prenorm import PreNormBlock, drop_path
 from .rope import apply_rope_2d, rope_2d_cos_sin
@@ -27,6 +27,6 @@ __all__ = [
     "StageOutput", "apply_rope_2d", "attention_block", "block_factory", "broadcast_modulation", "conv_block",
     "drop_path", "euler_step",
     "fusion_entropy", "heun_step", "relative_update", "residual_field", "rk4_step", "rope_2d_cos_sin",
-    "router_parameter_count", "stored_block_count", "supervised_steps",
+    "router_parameter_count", "set_fused_blocks", "stored_block_count", "supervised_steps",
 ]
 __version__ = "0.1.0"

@@ -47,6 +47,15 @@ def broadcast_modulation(vec: torch.Tensor, like: torch.Tensor, channels_last: b
     return vec.reshape(vec.shape[0], vec.shape[1], *([1] * spatial))
 
 
+def set_fused_blocks(module: nn.Module, fused: bool = True) -> nn.Module:
+    """Switch every :class:`ModulatedBlock` inside ``module`` to the fused path (``True``) or the plain
+    written formula (``False``, the reference); returns ``module``."""
+    for block in module.modules():
+        if isinstance(block, ModulatedBlock):
+            block.fused = fused
+    return module
+
+
 class ModulatedBlock(nn.Module):
     """One adaLN-Zero block around an operator (conv or attention).
 

@@ -3,10 +3,9 @@
 None of them changes a parameter, a MAC or (beyond float rounding) an output; ``docs/benchmarks.md``
 measures what each buys. They exist as switches rather than fixed choices because each has a cost:
 
-* ``memory_format="channels_last"`` stores 4-D activations as ``(B, H, W, C)``. Convolutions pick the
-  channels-last kernels (oneDNN on CPUs, cuDNN's NHWC kernels on GPUs) and the conv blocks of a
-  :class:`loopcore.LoopedCore` run their 1x1 convolutions as GEMMs on a view of the map
-  (:mod:`loopcore.pointwise`). Inputs must be converted too: :func:`to_memory_format`.
+* ``memory_format="channels_last"`` stores 4-D activations as ``(B, H, W, C)``, so convolutions pick
+  the channels-last kernels (oneDNN on CPUs, cuDNN's NHWC kernels on GPUs). Inputs must be converted
+  too: :func:`to_memory_format`.
 * ``compile=True`` wraps the model's heavy submodules with :func:`torch.compile` in place (state-dict
   keys unchanged, so checkpoints and releases do not see it). The first call compiles (seconds to
   minutes, and a C++ compiler on CPUs).
@@ -35,6 +34,7 @@ MEMORY_FORMATS: dict[str, torch.memory_format] = {
     "channels_last": torch.channels_last,
 }
 CPU_ALLOCATORS = ("retain", "system")
+ALLOCATOR_ENV = "LOOPVISION_CPU_ALLOCATOR"  # the command lines' default for --cpu-allocator
 
 # glibc mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_MAX = -1, -2, -4
@@ -109,8 +109,6 @@ def prepare_for_speed(model: nn.Module, memory_format_name: str = "contiguous", 
     return compile_in_place(model) if compile else model
 
 
-ALLOCATOR_ENV = "LOOPVISION_CPU_ALLOCATOR"
-
 
 def default_cpu_allocator() -> str:
     """``$LOOPVISION_CPU_ALLOCATOR`` when set (``retain`` / ``system``), else ``retain``."""
@@ -127,7 +125,7 @@ def add_speed_arguments(
     if memory_format:
         parser.add_argument("--memory-format", choices=tuple(MEMORY_FORMATS), default="channels_last",
                             help="torch memory format of the model's 4-D tensors (default channels_last: the "
-                                 "faster convolution and 1x1-as-GEMM kernels; outputs equal up to float rounding)")
+                                 "faster NHWC convolution kernels; outputs equal up to float rounding)")
     if compile:
         parser.add_argument("--compile", action="store_true",
                             help="torch.compile the model (first call compiles; CPUs need a C++ compiler)")

@@ -19,7 +19,7 @@ import torch
 
 from loopcore.flops import count_macs, count_parameters
 from loopcore.memory import track_peak_memory
-from loopcore.modulation import ModulatedBlock
+from loopcore.modulation import set_fused_blocks
 from loopcore.speed import compile_in_place, prepare_for_speed, to_memory_format
 
 from .model import LoopVAE
@@ -127,10 +127,7 @@ def profile_model(
     dev = torch.device(device)
     torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
     torch.manual_seed(0)
-    model = prepare_for_speed(create_model(name).to(dev).eval(), memory_format)
-    for module in model.modules():
-        if isinstance(module, ModulatedBlock):
-            module.fused = not plain_blocks
+    model = set_fused_blocks(prepare_for_speed(create_model(name).to(dev).eval(), memory_format), not plain_blocks)
     if torch_dtype != torch.float32:
         model = model.to(torch_dtype)
     x = to_memory_format((torch.rand(batch, 3, resolution, resolution, device=dev) * 2 - 1).to(torch_dtype),
