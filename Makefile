@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup test lint demo bench bench-gpu study study-vae clean
+.PHONY: setup test lint demo bench bench-gpu study study-quick study-vae clean
 
 setup: $(STAMP)
 
@@ -34,9 +34,14 @@ bench: setup
 bench-gpu: setup
 	benchmarks/gpu_profile.sh
 
-# The recurrence study on the shared CIFAR-10 shards (about 40 minutes on 2 CPU cores) -> docs/study_recursion.md.
+# The recurrence study on the shared CIFAR-10 shards (3 seeds, lr sweep; about 1.5 hours on 2 CPU cores)
+# -> docs/study_recursion.md; finished runs in runs/study are reused.
 study: setup
 	$(BIN)/python benchmarks/study_recursion.py --out docs/study_recursion.md
+
+# The same study at 1 seed, 200 steps and 2,000 test images (a check, ~15 minutes) -> runs/study-quick/.
+study-quick: setup
+	$(BIN)/python benchmarks/study_recursion.py --quick
 
 # The LoopVAE study on the shared ImageNet sample + Kodak (about two hours on 2 CPU cores) -> docs/study_loopvae.md;
 # it also rebuilds the bundled trained model in assets/models/loopvae-cnn-tiny.

@@ -1,258 +1,416 @@
 """The recurrence study on the shared CIFAR-10 shards -> ``docs/study_recursion.md`` (+ plots).
 
-Three arms, every run with the same seed, data order, batch size and number of optimizer steps (the
-``cifar10-*`` presets; only the named keys differ):
+Arms (every one trained at several seeds; seed = initialisation and data order):
 
-1. SR-ViT-Ti with R = 1, 2, 4: SoftMoR ``fusion=token`` (and the cheaper ``query`` router) vs plain recursion
-   ``fusion=last`` (same R, same steps).
-2. bViT-Ti (T = 12) trained with and without stage-wise deep supervision, evaluated at 12..48 steps
-   (1x to 4x the training horizon).
-3. bViT-Ti trained through Euler, Heun and the black-box field ``z' = F(z)`` (h = 1), evaluated the same way.
+1. SR-ViT R = 1, 2, 4 x SoftMoR ``fusion`` in {last (plain recursion), token, query}.
+2. bViT (T = 12) with and without stage-wise deep supervision, evaluated at 1x..4x the training horizon.
+3. bViT through Euler (h = 1), Heun at matched *steps* (T = 12, h = 1: twice the block evaluations) and at
+   matched *block evaluations* (T = 6, h = 2: the same 12 evaluations and the same integration time), and the
+   black-box field ``z' = F(z)``, whose state norm per step is recorded beside Euler's.
 
-Usage: ``python benchmarks/study_recursion.py --out docs/study_recursion.md`` (``make study``). Runs live in
-``--runs`` (default ``runs/study``); a run whose ``result.json`` exists is reused, so an interrupted study
-resumes where it stopped (``--fresh`` retrains everything).
+The learning rate is not assumed: a short sweep per depth group (R = 1, R = 2, R = 4, bViT) trains seed 0 at each
+lr of the grid, and the lr with the lowest final training loss is used for every arm and seed of that group (the
+sweep's seed-0 run at the picked lr *is* that arm's seed-0 run). The picks, the losses behind them, the loss curves,
+the router entropies logged during training and everything else land in ``result.json`` per run; the report module
+(:mod:`study_recursion_report`) turns them into tables, plots and a reading computed from the numbers.
+
+Usage: ``python benchmarks/study_recursion.py --out docs/study_recursion.md`` (``make study``: 3 seeds) or
+``--quick`` (``make study-quick``: 1 seed, a third of the steps, 2,000 test images; writes into the runs folder,
+not docs). Runs live in ``--runs``; a run whose ``result.json`` exists (with the same settings) is reused, so an
+interrupted study resumes where it stopped; ``--fresh`` retrains everything. ``--jobs`` runs that many trainings
+side by side, each on ``cores / jobs`` threads (two single-threaded runs beat one two-threaded run on a 2-core
+machine for these small matrices).
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures as cf
 import json
+import multiprocessing
+import os
 import shutil
 import sys
 import time
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import loopdata
-from srvit.evaluate import evaluate_model, plot_accuracy_vs_steps
-from srvit.loading import load_classifier
-from srvit.train_config import load_train_config
-from srvit.trainer import train
-
-HORIZON_STEPS = (12, 18, 24, 36, 48)  # bViT-Ti is trained with T = 12
+# The study's model: the DeiT-Ti block at half width (96 channels, 3 heads of 32), 12 blocks, 8x8 patches of the
+# 32x32 images (16 tokens + class token); the width keeps 3 seeds x 12 arms + the lr sweep inside ~2 hours of
+# 2 CPU cores at a budget where the training losses flatten.
+STUDY_MODEL: dict[str, Any] = {"patch_size": 8, "embed_dim": 96, "num_heads": 3}
+HORIZON_MULTIPLES = (1.0, 1.5, 2.0, 3.0, 4.0)  # bViT evaluation depth as multiples of its training T
 
 
-def arms() -> dict[str, list[tuple[str, str, list[str]]]]:
-    """``{arm: [(run name, preset, overrides)]}``."""
-    fusion = []
-    for r in (1, 2, 4):
-        for mode in ("token", "query", "last") if r > 1 else ("last",):
-            fusion.append((f"srvit-R{r}-{mode}", "cifar10-srvit-ti",
-                           [f"model_overrides={{patch_size: 8, recursion: {r}, fusion: {mode}}}"]))
-    supervision = [
-        ("bvit-euler", "cifar10-bvit-ti", []),
-        ("bvit-euler-ds3", "cifar10-bvit-ti", ["deep_supervision_every=3"]),
+@dataclass
+class Arm:
+    """One configuration, trained once per seed.
+
+    ``group``: the lr-sweep group whose picked lr it uses; ``model``: ``model_overrides`` on top of
+    :data:`STUDY_MODEL`; ``extra``: further ``key=value`` config overrides.
+    """
+
+    name: str
+    section: str  # fusion | supervision | solver
+    preset: str
+    group: str
+    model: dict[str, Any]
+    extra: tuple[str, ...] = ()
+
+    @property
+    def horizon(self) -> int:
+        """Training steps per block (R for SR-ViT, T for bViT)."""
+        return int(self.model.get("recursion", 12 if self.preset.startswith("cifar10-bvit") else 1))
+
+    @property
+    def block_evaluations(self) -> int:
+        """Block evaluations of one forward at the training horizon (the study's unit of arithmetic)."""
+        per_step = {"heun": 2, "rk4": 4}.get(self.model.get("solver", "euler"), 1)
+        depth = 1 if self.preset.startswith("cifar10-bvit") else 12
+        return depth * self.horizon * per_step
+
+    def eval_steps(self) -> tuple[int, ...]:
+        """Evaluation depths beyond the horizon (bViT only): ``T x`` :data:`HORIZON_MULTIPLES`."""
+        if not self.preset.startswith("cifar10-bvit"):
+            return ()
+        return tuple(sorted({max(1, round(m * self.horizon)) for m in HORIZON_MULTIPLES}))
+
+
+def study_arms() -> list[Arm]:
+    """Every arm of the study, in report order (``bvit-euler`` serves the supervision and solver sections)."""
+    arms = [Arm("srvit-R1-last", "fusion", "cifar10-srvit-ti", "R1", {"recursion": 1, "fusion": "last"})]
+    for r in (2, 4):
+        for mode in ("last", "token", "query"):
+            arms.append(Arm(f"srvit-R{r}-{mode}", "fusion", "cifar10-srvit-ti", f"R{r}",
+                            {"recursion": r, "fusion": mode}))
+    bvit = "cifar10-bvit-ti"
+    arms += [
+        Arm("bvit-euler", "supervision", bvit, "bvit", {}),
+        Arm("bvit-euler-ds3", "supervision", bvit, "bvit", {}, ("deep_supervision_every=3",)),
+        Arm("bvit-heun", "solver", bvit, "bvit", {"solver": "heun"}),
+        Arm("bvit-heun-T6h2", "solver", bvit, "bvit", {"solver": "heun", "recursion": 6, "step_size": 2.0}),
+        Arm("bvit-blackbox", "solver", bvit, "bvit", {"solver": "blackbox"}),
     ]
-    solvers = [
-        ("bvit-euler", "cifar10-bvit-ti", []),
-        ("bvit-heun", "cifar10-bvit-ti", ["model_overrides={patch_size: 8, solver: heun}"]),
-        ("bvit-blackbox", "cifar10-bvit-ti", ["model_overrides={patch_size: 8, solver: blackbox}"]),
+    return arms
+
+
+SWEEP_ARMS = {"R1": "srvit-R1-last", "R2": "srvit-R2-query", "R4": "srvit-R4-query", "bvit": "bvit-euler"}
+
+
+@dataclass
+class Settings:
+    """What every run shares; stored in each ``result.json`` so a changed study never reuses stale runs."""
+
+    steps: int = 600
+    seeds: tuple[int, ...] = (0, 1, 2)
+    lr_grid: tuple[float, ...] = (5e-4, 1e-3, 2e-3)
+    eval_images: int | None = None  # None: all 10,000 test images
+    probe_images: int = 256  # class-balanced test images for state norms and router weights
+
+    def run_key(self) -> dict[str, Any]:
+        return {"steps": self.steps, "eval_images": self.eval_images, "probe_images": self.probe_images,
+                "model": STUDY_MODEL}
+
+
+QUICK = Settings(steps=200, seeds=(0,), eval_images=2000)
+
+
+@dataclass
+class Task:
+    arm: Arm
+    lr: float
+    seed: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.arm.name}-lr{self.lr:g}-s{self.seed}"
+
+    @property
+    def cost(self) -> int:
+        return self.arm.block_evaluations
+
+
+@dataclass
+class Paths:
+    train: str
+    test: str
+    runs: Path
+    threads: int = 1
+    settings: Settings = field(default_factory=Settings)
+
+
+# -- one run (in a worker process) -----------------------------------------------------------------------
+def execute(task: Task, paths: Paths) -> dict[str, Any]:
+    """Train ``task`` (or resume it), evaluate the EMA weights, probe them; return (and store) the result."""
+    import torch
+
+    from srvit.evaluate import Counts, batch_counts
+    from srvit.loading import load_classifier
+    from srvit.train_config import load_train_config
+    from srvit.trainer import NonFiniteLossError, train
+
+    torch.set_num_threads(paths.threads)
+    settings, run_dir = paths.settings, paths.runs / task.name
+    overrides = [
+        f"model_overrides={json.dumps({**STUDY_MODEL, **task.arm.model})}", f"max_steps={settings.steps}",
+        f"lr={task.lr}", f"seed={task.seed}", "progress_bar=false", "checkpoint_every=200", "keep_checkpoints=1",
+        *task.arm.extra,
     ]
-    return {"fusion": fusion, "supervision": supervision, "solver": solvers}
-
-
-def run_one(name: str, preset: str, overrides: list[str], train_urls: str, test_urls: str, runs: Path,
-            by_steps: tuple[int, ...]) -> dict:
-    result_file = runs / name / "result.json"
-    if result_file.is_file():
-        return json.loads(result_file.read_text())
-    config = load_train_config(preset, [*overrides, "progress_bar=false"])
+    config = load_train_config(task.arm.preset, overrides)
+    base = {"name": task.name, "arm": task.arm.name, "group": task.arm.group, "lr": task.lr, "seed": task.seed,
+            "overrides": overrides, "settings": settings.run_key()}
     start = time.perf_counter()
-    trained = train(config, train_urls, runs / name)
+    try:
+        trained = train(config, paths.train, run_dir)
+    except NonFiniteLossError as error:  # a diverged lr is a result of the sweep, not a crash of the study
+        result = {**base, "diverged": True, "error": str(error).splitlines()[0],
+                  "train_seconds": round(time.perf_counter() - start, 1)}
+        (run_dir / "result.json").write_text(json.dumps(result, indent=1))
+        return result
     train_s = time.perf_counter() - start
     if trained.stopped_by:
-        sys.exit(f"{name}: training stopped early ({trained.stopped_by}); rerun to resume")
-    model = load_classifier(runs / name / "release").model
-    loader = loopdata.make_loader(test_urls, task="classification", train=False, batch_size=250, num_workers=0,
-                                  resolution=config.resolution, protocol="cifar", num_classes=10)
+        raise RuntimeError(f"{task.name}: training stopped early ({trained.stopped_by}); rerun the study to resume")
+    model = load_classifier(run_dir / "release").model.eval()
     start = time.perf_counter()
-    counts = evaluate_model(model, loader, torch.device("cpu"), steps=by_steps)
+    images, labels = test_images(paths.test, config.resolution)
+    chosen = spread(len(labels), settings.eval_images)
+    counts = Counts()
+    for i in range(0, len(chosen), 250):
+        part = chosen[i:i + 250]
+        counts = counts.merge(batch_counts(model, images[part], labels[part], task.arm.eval_steps(), False))
     n = counts.num_images
     result = {
-        "name": name, "preset": preset, "overrides": overrides, "steps": trained.step,
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "applications": model.applications,
-        "train_seconds": round(train_s, 1), "eval_seconds": round(time.perf_counter() - start, 1),
-        "final_train_loss": sum(h["loss_final"] for h in trained.history[-20:]) / len(trained.history[-20:]),
-        "top1": counts.top1 / n, "top5": counts.top5 / n, "num_images": n,
+        **base, "diverged": False, "steps": trained.step, "epochs": trained.step / epoch_batches(config, paths.train),
+        "parameters": sum(p.numel() for p in model.parameters()), "block_evaluations": task.arm.block_evaluations,
+        "train_seconds": round(train_s, 1), "top1": counts.top1 / n, "top5": counts.top5 / n, "num_images": n,
         "by_steps": {str(k): v / n for k, v in sorted(counts.by_steps.items())},
+        **summarise_history(trained.history),
+        **probe(model, images[spread(len(labels), settings.probe_images)], task.arm),
     }
-    result_file.write_text(json.dumps(result, indent=2))
-    print(f"{name}: top-1 {100 * result['top1']:.2f}% ({result['train_seconds']:.0f} s training)", flush=True)
+    result["eval_seconds"] = round(time.perf_counter() - start, 1)
+    (run_dir / "result.json").write_text(json.dumps(result, indent=1))
     return result
 
 
-def pct(x: float) -> str:
-    return f"{100 * x:.2f}"
+def epoch_batches(config, train_urls: str) -> int:
+    """Optimizer steps per epoch of the training shards at the config's batch size (as the trainer plans them)."""
+    import loopdata
+
+    loader = loopdata.make_loader(train_urls, task="classification", train=True, batch_size=config.batch_size,
+                                  num_workers=0, resolution=config.resolution, **config.data_options())
+    return max(loader.num_batches, 1)
 
 
-def write_report(results: dict[str, dict], out: Path, command: str, plots: Path) -> None:
-    a = arms()
-    lines = [
-        "# Recurrence study (CIFAR-10, CPU scale)",
-        "",
-        f"Produced by `{command}` ({time.strftime('%Y-%m-%d')}, 2-core CPU, torch {torch.__version__}).",
-        "Every run: the `cifar10-*` preset recipe, seed 0, the same data order, 300 AdamW steps of 64 images",
-        "(≈3.8 epochs of the 5,000-image shared train shard), 8×8 patches on 32×32 images, EMA weights",
-        "evaluated on all 10,000 test images. Only the keys in the *overrides* column differ between runs.",
-        "These are tiny budgets: the numbers show the mechanics and the trends at this scale, not the papers'",
-        "ImageNet figures.",
-        "",
-        "## 1. SR-ViT: SoftMoR (token, query) vs plain recursion (last)",
-        "",
-        "| run | R | fusion | params | block applications | top-1 (%) | top-5 (%) | train loss (last 20) | train s |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for name, _, _ in a["fusion"]:
-        r = results[name]
-        rec, mode = name.split("-")[1][1:], name.split("-")[2]
-        lines.append(f"| {name} | {rec} | {mode} | {r['parameters'] / 1e6:.3f}M | {r['applications']} | "
-                     f"{pct(r['top1'])} | {pct(r['top5'])} | {r['final_train_loss']:.3f} | {r['train_seconds']:.0f} |")
-    lines += ["", "![top-1 vs R](study_recursion/fusion.png)", ""]
-    lines += ["## 2. bViT: deep supervision and evaluation beyond the training horizon (T = 12)", ""]
-    header = "| run | " + " | ".join(f"{s} steps" for s in HORIZON_STEPS) + " | train s |"
-    lines += [header, "| --- | " + " | ".join("---" for _ in HORIZON_STEPS) + " | --- |"]
-    for name, _, over in a["supervision"]:
-        r = results[name]
-        cells = " | ".join(pct(r["by_steps"][str(s)]) for s in HORIZON_STEPS)
-        lines.append(f"| {name} ({' '.join(over) or 'no deep supervision'}) | {cells} | {r['train_seconds']:.0f} |")
-    lines += ["", "![top-1 vs steps, deep supervision](study_recursion/supervision.png)", ""]
-    lines += ["## 3. bViT: Euler vs Heun vs the black-box field (h = 1, T = 12)", ""]
-    lines += [header.replace("train s", "block evals / step | train s"),
-              "| --- | " + " | ".join("---" for _ in HORIZON_STEPS) + " | --- | --- |"]
-    for name, _, _ in a["solver"]:
-        r = results[name]
-        cells = " | ".join(pct(r["by_steps"][str(s)]) for s in HORIZON_STEPS)
-        lines.append(f"| {name} | {cells} | {r['applications'] // 12} | {r['train_seconds']:.0f} |")
-    lines += ["", "![top-1 vs steps, solvers](study_recursion/solver.png)", ""]
-    lines += reading(results)
-    lines += ["## Raw results", "", "```json", json.dumps(results, indent=1), "```", ""]
-    out.write_text("\n".join(lines))
+def summarise_history(history: list[dict[str, float]], window: int = 10) -> dict[str, Any]:
+    """Loss curve (window means of the final-state loss), final loss, router entropy over training.
 
-
-def reading(results: dict[str, dict]) -> list[str]:
-    """What the measured numbers say next to the papers' claims, computed, not typed in.
-
-    The claims: SR-ViT-S top-1 rising 79.83 -> 82.48 on ImageNet for R = 1 -> 4; deep supervision without a
-    nominal gain at the training horizon but with graceful degradation past it (a collapse to near chance
-    without it); the black-box field ``z' = F(z)`` costing a few points against Euler.
+    ``final_train_loss`` is the mean loss over the last 10% of the steps (at least ``2 * window``).
     """
-    top1 = {name: 100 * r["top1"] for name, r in results.items()}
-    steps = {name: {int(k): 100 * v for k, v in r["by_steps"].items()} for name, r in results.items()}
-    gain = {r: top1[f"srvit-R{r}-token"] - top1[f"srvit-R{r}-last"] for r in (2, 4)}
-    query = {r: top1[f"srvit-R{r}-query"] - top1[f"srvit-R{r}-token"] for r in (2, 4)}
-    r_trend = "rises" if top1["srvit-R4-token"] > top1["srvit-R1-last"] else "does not rise"
-    last, deep = steps["bvit-euler"], steps["bvit-euler-ds3"]
-    far = max(HORIZON_STEPS)
-    drop_plain, drop_deep = last[12] - last[far], deep[12] - deep[far]
-    euler, heun, black = top1["bvit-euler"], top1["bvit-heun"], top1["bvit-blackbox"]
-    flat = max(steps["bvit-blackbox"].values()) - min(steps["bvit-blackbox"].values())
-
-    def sign(x: float) -> str:
-        return f"{x:+.2f}"
-
-    if r_trend == "rises":
-        depth = "as in the paper (79.83→82.48 on ImageNet for R=1→4)."
-    else:
-        depth = ("unlike the paper (79.83→82.48 on ImageNet for R=1→4 after 300 epochs): with a few hundred "
-                 "optimizer steps the R× deeper unrolled network has not caught up.")
-    graceful = "the graceful-degradation trend appears" if drop_deep < drop_plain else \
-        "the graceful-degradation trend does not appear"
-    collapse = "appears" if last[far] < 15.0 else "does not appear at this scale"
-    field = "as the paper reports" if black < euler - 1.0 else "so the paper's few-point cost does not appear here"
-    per_app = {n: results[n]["train_seconds"] / results[n]["applications"] for n in results if n.startswith("srvit")}
-    median = sorted(per_app.values())[len(per_app) // 2]
-    slow = [f"{n} ({v / median:.1f}×)" for n, v in per_app.items() if v > 1.5 * median]
-    timing = ("Runs whose training seconds per block application exceed 1.5× the arm's median, a sign of other "
-              f"load on the machine: {', '.join(slow)}." if slow else "")
-    n_images = results["srvit-R1-last"]["num_images"]
-    p = results["srvit-R1-last"]["top1"]
-    stderr = 100 * (p * (1 - p) / n_images) ** 0.5
-    return [
-        "## Reading (computed from the tables above; chance is 10%)",
-        "",
-        f"One seed per run. The binomial standard error of a top-1 near {100 * p:.0f}% on {n_images:,} test images "
-        f"is {stderr:.2f} points (a difference between two runs: {stderr * 2 ** 0.5:.2f}), so gaps under about "
-        f"{2 * stderr * 2 ** 0.5:.1f} points are within noise.",
-        "",
-        f"- **SoftMoR vs plain recursion.** At the same R and budget, `fusion=token` changes top-1 by "
-        f"{sign(gain[2])} points at R=2 and {sign(gain[4])} at R=4 against `fusion=last`. Accuracy {r_trend} "
-        f"with R (R=1 {top1['srvit-R1-last']:.2f}%, R=4 token {top1['srvit-R4-token']:.2f}%), {depth} "
-        f"The `query` router (a quarter of `token`'s router arithmetic) differs from `token` by "
-        f"{sign(query[2])} points at R=2 and {sign(query[4])} at R=4.",
-        f"- **Deep supervision.** At the training horizon it changes top-1 by {sign(deep[12] - last[12])} points "
-        f"(the paper: no nominal gain). Run to {far} steps ({far // 12}× the horizon) the plain bViT loses "
-        f"{drop_plain:.2f} points and the deeply supervised one {drop_deep:.2f}: {graceful}. The paper's "
-        f"collapse to near chance without supervision {collapse} ({last[far]:.2f}% at {far} steps).",
-        f"- **Solver and field.** Heun (two block evaluations per step) scores {sign(heun - euler)} points against "
-        f"Euler. The black-box field `z' = F(z)` scores {sign(black - euler)}, {field}. Its accuracy beyond the "
-        f"horizon spreads by {flat:.2f} points: `z + F(z) = 2z + r(LN(z))` doubles the state every step, so the "
-        "final LayerNorm sees a direction that stops changing after a few steps.",
-        "- **Time.** *train s* is wall time on a shared 2-core machine and moves with other load on it; compare "
-        f"arithmetic cost by *block applications* / *block evals per step*, which are exact. {timing}",
-        "",
-    ]
+    losses = [h["loss_final"] for h in history]
+    curve = [[history[min(i + window, len(history)) - 1]["step"], sum(losses[i:i + window]) / len(losses[i:i + window])]
+             for i in range(0, len(losses), window)]
+    tail = max(2 * window, len(losses) // 10)
+    entropy = [[h["step"], [h[k] for k in sorted(h) if k.startswith("fusion_entropy/block")]]
+               for h in history if "fusion_entropy" in h]
+    return {"loss_curve": curve, "final_train_loss": sum(losses[-tail:]) / len(losses[-tail:]),
+            "entropy_curve": entropy}
 
 
-def main() -> int:
+def test_images(test_urls: str, resolution: int):
+    """All test images ``(N, 3, H, W)`` (normalised, in shard order) and labels ``(N,)``."""
+    import torch
+
+    import loopdata
+
+    loader = loopdata.make_loader(test_urls, task="classification", train=False, batch_size=250, num_workers=0,
+                                  resolution=resolution, protocol="cifar", num_classes=10)
+    batches = list(loader)
+    return torch.cat([b["image"] for b in batches]), torch.cat([b["label"] for b in batches])
+
+
+def spread(total: int, count: int | None):
+    """Indices of ``count`` items spread evenly over ``range(total)`` (all when None).
+
+    The shared test shard is sorted by class, so evenly spread indices give a class-balanced subset where the
+    first ``count`` would hold one or two classes.
+    """
+    import torch
+
+    if count is None or count >= total:
+        return torch.arange(total)
+    return torch.linspace(0, total - 1, count).round().long()
+
+
+def probe(model, images, arm: Arm) -> dict[str, Any]:
+    """What the trained weights do inside: router weights (SR-ViT) or state norms per step (bViT).
+
+    * ``router_weights[j][r]``: mean SoftMoR weight of step ``r`` in block ``j`` over images and tokens;
+      ``router_entropy[j]``: mean entropy of block ``j``'s weights (nats; ``ln R`` = uniform).
+    * ``state_norms[t]``: mean L2 norm of a token's state after step ``t`` (``t = 0``: the embedding), run to
+      4x the horizon; ``direction_change[t]``: mean ``|u_{t+1} - u_t|`` of the unit-normalised token states,
+      how much a step still turns the state (the final LayerNorm sees only the direction).
+    """
+    import torch
+
+    from loopcore.softmor import fusion_entropy
+
+    out: dict[str, Any] = {}
+    with torch.no_grad():
+        if model.fusions is not None:
+            trace = model.forward_trace(images)
+            out["router_weights"] = [w.float().mean(dim=(0, 2)).tolist() for w in trace.fusion_weights]
+            out["router_entropy"] = [float(fusion_entropy(w)) for w in trace.fusion_weights]
+        if arm.preset.startswith("cifar10-bvit"):
+            steps = 4 * arm.horizon
+            trace = model.forward_trace(images, steps=steps, return_step_states=True)
+            states = [model.embed(images), *trace.step_states[0]]
+            norms = [float(s.float().norm(dim=-1).mean()) for s in states]
+            units = [torch.nn.functional.normalize(s.float(), dim=-1) for s in states]
+            turns = [float((b - a).norm(dim=-1).mean()) for a, b in zip(units, units[1:])]
+            out.update({"state_norms": norms, "direction_change": turns})
+    return out
+
+
+# -- the study ------------------------------------------------------------------------------------------
+def cached(task: Task, paths: Paths) -> dict[str, Any] | None:
+    """The stored result of ``task`` if it was produced with the current settings."""
+    file = paths.runs / task.name / "result.json"
+    if not file.is_file():
+        return None
+    result = json.loads(file.read_text())
+    if result.get("settings") != paths.settings.run_key():
+        sys.exit(f"{file} was produced with other settings ({result.get('settings')}); rerun with --fresh "
+                 "or point --runs at a new folder")
+    return result
+
+
+def pick_lr(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The sweep's decision for one group: the lr of lowest final training loss (diverged runs never win)."""
+    losses = {str(r["lr"]): (None if r["diverged"] else r["final_train_loss"]) for r in results}
+    finite = [r for r in results if not r["diverged"]]
+    if not finite:
+        raise RuntimeError(f"every lr of the sweep diverged for {results[0]['arm']}: {sorted(losses)}")
+    best = min(finite, key=lambda r: r["final_train_loss"])
+    grid = sorted(r["lr"] for r in results)
+    return {"lr": best["lr"], "arm": best["arm"], "losses": losses,
+            "top1": {str(r["lr"]): r.get("top1") for r in results},
+            "edge": len(grid) > 1 and best["lr"] in (grid[0], grid[-1])}
+
+
+def run_study(paths: Paths, jobs: int) -> tuple[dict[str, dict], dict[str, dict]]:
+    """Run the sweep, then every arm x seed at its group's picked lr; ``(results by run name, picks by group)``.
+
+    A group's main runs are queued as soon as its own sweep is done, so the workers never wait on other groups.
+    """
+    settings = paths.settings
+    arms = {a.name: a for a in study_arms()}
+    groups = sorted(SWEEP_ARMS, key=lambda g: -arms[SWEEP_ARMS[g]].block_evaluations)
+    sweep = {g: [Task(arms[SWEEP_ARMS[g]], lr, settings.seeds[0]) for lr in settings.lr_grid] for g in groups}
+    results: dict[str, dict] = {}
+    picks: dict[str, dict] = {}
+    context = multiprocessing.get_context("spawn")
+    pool = cf.ProcessPoolExecutor(jobs, mp_context=context, max_tasks_per_child=1) if jobs > 1 else None
+    pending: dict[cf.Future, Task] = {}
+    queued: set[str] = set()
+
+    def submit(task: Task) -> None:
+        if task.name in queued:
+            return
+        queued.add(task.name)
+        future: cf.Future = cf.Future()
+        done = cached(task, paths)
+        if done is not None:
+            future.set_result(done)
+        elif pool is None:
+            future.set_result(execute(task, paths))
+        else:
+            future = pool.submit(execute, task, paths)
+        pending[future] = task
+
+    def release_group(group: str) -> None:
+        picks[group] = pick_lr([results[t.name] for t in sweep[group]])
+        main = [Task(a, picks[group]["lr"], s) for a in arms.values() if a.group == group for s in settings.seeds]
+        for task in sorted(main, key=lambda t: -t.cost):
+            submit(task)
+
+    try:
+        for group in groups:
+            for task in sweep[group]:
+                submit(task)
+        while pending:
+            finished, _ = cf.wait(list(pending), return_when=cf.FIRST_COMPLETED)
+            for future in finished:
+                task = pending.pop(future)
+                result = future.result()
+                results[task.name] = result
+                state = "diverged" if result["diverged"] else f"top-1 {100 * result['top1']:.2f}%"
+                print(f"[{time.strftime('%H:%M:%S')}] {task.name}: {state} "
+                      f"({result['train_seconds']:.0f} s training)", flush=True)
+                for group in groups:
+                    if group not in picks and all(t.name in results for t in sweep[group]):
+                        release_group(group)
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+    return results, picks
+
+
+def main(argv: list[str] | None = None) -> int:
+    import loopdata
+    from study_recursion_report import write_report
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="docs/study_recursion.md")
-    parser.add_argument("--runs", default="runs/study")
+    parser.add_argument("--out", default=None, help="report path (default docs/study_recursion.md; with --quick "
+                                                    "RUNS/study_recursion.md)")
+    parser.add_argument("--runs", default=None, help="run folder (default runs/study, runs/study-quick with --quick)")
     parser.add_argument("--data", default=None, help="directory with cifar10-{train,test}-000000.tar")
+    parser.add_argument("--quick", action="store_true", help="1 seed, 200 steps, 2,000 test images (a check)")
+    parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
+                        help="trainings side by side (default: 2, or 1 on a 1-core machine)")
     parser.add_argument("--fresh", action="store_true", help="delete earlier runs first")
-    args = parser.parse_args()
+    parser.add_argument("--steps", type=int, default=None, help="optimizer steps per run (overrides the default)")
+    parser.add_argument("--seeds", default=None, help="comma-separated seeds, e.g. 0,1,2 (the first one sweeps)")
+    parser.add_argument("--lr-grid", default=None, help="comma-separated learning rates of the sweep")
+    parser.add_argument("--eval-images", type=int, default=None, help="test images to evaluate (default: all)")
+    args = parser.parse_args(argv)
     data = Path(args.data) if args.data else (loopdata.find_shared_data() or Path("missing")) / "cifar10"
     train_urls, test_urls = data / "cifar10-train-000000.tar", data / "cifar10-test-000000.tar"
     if not train_urls.is_file() or not test_urls.is_file():
         sys.exit(f"CIFAR-10 shards not found in {data}; pass --data DIR (with cifar10-train/test-000000.tar)")
-    torch.set_num_threads(max(1, torch.get_num_threads()))
-    runs = Path(args.runs)
+    if args.jobs < 1:
+        sys.exit(f"--jobs must be >= 1, got {args.jobs}")
+    settings = replace(QUICK if args.quick else Settings())
+    try:
+        if args.steps is not None:
+            settings.steps = args.steps
+        if args.seeds is not None:
+            settings.seeds = tuple(int(v) for v in args.seeds.split(","))
+        if args.lr_grid is not None:
+            settings.lr_grid = tuple(float(v) for v in args.lr_grid.split(","))
+    except ValueError as error:
+        sys.exit(f"--seeds / --lr-grid take comma-separated numbers: {error}")
+    if args.eval_images is not None:
+        settings.eval_images = args.eval_images
+    if settings.steps < 1 or not settings.seeds or not settings.lr_grid:
+        sys.exit(f"need --steps >= 1, at least one seed and one lr (got {settings})")
+    runs = Path(args.runs or ("runs/study-quick" if args.quick else "runs/study"))
+    out = Path(args.out or (runs / "study_recursion.md" if args.quick else "docs/study_recursion.md"))
     if args.fresh and runs.exists():
         shutil.rmtree(runs)
     runs.mkdir(parents=True, exist_ok=True)
-    results: dict[str, dict] = {}
-    for arm, entries in arms().items():
-        for name, preset, overrides in entries:
-            if name in results:
-                continue
-            steps = HORIZON_STEPS if arm != "fusion" else ()
-            results[name] = run_one(name, preset, overrides, str(train_urls), str(test_urls), runs, steps)
-    out = Path(args.out)
-    plots = out.with_suffix("")
-    plots.mkdir(parents=True, exist_ok=True)
-    plot_fusion(results, plots / "fusion.png")
-    plot_accuracy_vs_steps({n: results[n]["by_steps"] for n, _, _ in arms()["supervision"]}, 12,
-                           plots / "supervision.png", "bViT-Ti: deep supervision")
-    plot_accuracy_vs_steps({n: results[n]["by_steps"] for n, _, _ in arms()["solver"]}, 12,
-                           plots / "solver.png", "bViT-Ti: solver / vector field")
-    write_report(results, out, "make study", plots)
-    print(f"wrote {out}")
+    threads = max(1, (os.cpu_count() or 1) // args.jobs)
+    paths = Paths(str(train_urls), str(test_urls), runs, threads, settings)
+    start = time.perf_counter()
+    results, picks = run_study(paths, args.jobs)
+    wall = time.perf_counter() - start
+    command = "make study-quick" if args.quick else "make study"
+    write_report(results, picks, study_arms(), asdict(settings), out, command,
+                 {"jobs": args.jobs, "threads": threads, "wall_seconds": round(wall, 1)})
+    print(f"wrote {out} ({wall / 60:.1f} min this invocation)")
     return 0
-
-
-def plot_fusion(results: dict[str, dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5, 3.5), dpi=120)
-    base = results["srvit-R1-last"]["top1"]
-    for mode in ("token", "query", "last"):
-        xs = [1, 2, 4]
-        ys = [100 * (base if r == 1 else results[f"srvit-R{r}-{mode}"]["top1"]) for r in xs]
-        ax.plot(xs, ys, marker="o", label=f"fusion={mode}")
-    ax.set_xticks([1, 2, 4])
-    ax.set_xlabel("recursion R (every block applied R times)")
-    ax.set_ylabel("CIFAR-10 top-1 (%)")
-    ax.set_title("SR-ViT-Ti, 300 steps")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -137,6 +138,7 @@ class RecursiveViT(ReleaseLoadingMixin, ModelMixin, ConfigMixin):
             raise ValueError(f"num_classes must be >= 0 (0 = no classifier, pooled features out), got {num_classes}")
         self.solver = lc.ODESolver(solver, step_size)
         self.gradient_checkpointing = False
+        self._fusion_record: list[torch.Tensor] | None = None  # see record_fusion_weights()
 
         self.patch_embed = PatchEmbed(img_size, patch_size, in_channels, embed_dim)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
@@ -250,6 +252,21 @@ class RecursiveViT(ReleaseLoadingMixin, ModelMixin, ConfigMixin):
         """Number of trajectory states: the steps of a single-block model, else its depth."""
         return (steps or self.config.recursion) if self.config.depth == 1 else self.config.depth
 
+    @contextmanager
+    def record_fusion_weights(self) -> Iterator[list[torch.Tensor]]:
+        """Collect the SoftMoR weights of every forward run inside the ``with`` block (detached).
+
+        Yields a list that receives, per fusing block and forward, its ``(B, n, T)`` weights (``T = 1 + N``
+        tokens, or 1 for the class-token-only last block of a logits-only forward). Lets a training step
+        log the routers' entropy (:func:`loopcore.fusion_entropy`) without a second forward.
+        """
+        record: list[torch.Tensor] = []
+        previous, self._fusion_record = self._fusion_record, record
+        try:
+            yield record
+        finally:
+            self._fusion_record = previous
+
     # -- forward ---------------------------------------------------------------------------------
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """Images ``(B, 3, H, W)`` -> tokens ``(B, 1 + N, d)`` with class token and position embedding."""
@@ -355,6 +372,8 @@ class RecursiveViT(ReleaseLoadingMixin, ModelMixin, ConfigMixin):
             if fuses:
                 fused = self.fusions[j](inputs, extrapolate=True, context=start)
                 z, w = fused.fused, fused.weights
+                if self._fusion_record is not None:
+                    self._fusion_record.append(w.detach())
             else:
                 z, w = inputs[-1], None
             yield (states if keep_steps else None), z, w

@@ -27,6 +27,7 @@ from loopcore.ema import EMA
 from loopcore.flops import count_parameters
 from loopcore.run_logger import RunLogger
 from loopcore.schedule import make_scheduler
+from loopcore.softmor import fusion_entropy
 from loopcore.training_loop import NonFiniteLossError, TrainingLoop, TrainResult
 from loopdata.shards import canonical_urls
 
@@ -38,7 +39,7 @@ from .train_config import TrainConfig
 log = logging.getLogger("srvit.train")
 
 __all__ = ["NonFiniteLossError", "SupervisedForward", "TrainResult", "Trainer", "classification_loss",
-           "parameter_groups", "soft_target_cross_entropy", "train"]
+           "fusion_entropy_logs", "parameter_groups", "soft_target_cross_entropy", "train"]
 
 
 def soft_target_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -64,6 +65,21 @@ def parameter_groups(model: RecursiveViT, weight_decay: float) -> list[dict[str,
             continue
         (no_decay if param.ndim <= 1 or name in skip else decay).append(param)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def fusion_entropy_logs(weights: list[torch.Tensor]) -> dict[str, float]:
+    """``{"fusion_entropy/blockNN": nats}`` per fusing block, plus their mean as ``fusion_entropy``.
+
+    ``weights``: the per-block ``(B, n, T)`` SoftMoR weights of one forward in block order (what
+    :meth:`RecursiveViT.record_fusion_weights` collects). The entropy is over the ``n`` steps, averaged over
+    images and tokens: ``ln n`` for uniform weights, 0 when one step takes all.
+    """
+    if not weights:
+        return {}
+    entropies = [float(fusion_entropy(w)) for w in weights]
+    logs = {f"fusion_entropy/block{j:02d}": e for j, e in enumerate(entropies)}
+    logs["fusion_entropy"] = sum(entropies) / len(entropies)
+    return logs
 
 
 class SupervisedForward(nn.Module):
@@ -167,7 +183,10 @@ class Trainer(TrainingLoop):
         self.model.train()
         x = batch["image"].to(self.ctx.device, non_blocking=True)
         target = batch["label"].to(self.ctx.device, non_blocking=True)
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast):
+        # On logging steps also record the SoftMoR weights of this forward (no extra computation).
+        logging_step = (self.step + 1) % cfg.log_every == 0 and self.model.fusions is not None
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast), \
+                self.model.record_fusion_weights() as fusion_weights:
             supervised = self.step_module(x)
         losses = [classification_loss(logits, target, self.loss_smoothing) for logits in supervised]
         loss = torch.stack(losses).mean()
@@ -182,6 +201,8 @@ class Trainer(TrainingLoop):
         hard = target if not target.is_floating_point() else target.argmax(dim=-1)
         logs["train_top1"] = float((supervised[-1].detach().argmax(dim=-1) == hard).float().mean())
         logs["lr"] = self.scheduler.get_last_lr()[0]
+        if logging_step:
+            logs.update(fusion_entropy_logs(fusion_weights))
         return logs
 
     def after_step(self, batch: dict[str, Any], logger: RunLogger) -> None:

@@ -1,0 +1,388 @@
+"""Tables, plots and the computed reading of the recurrence study (``benchmarks/study_recursion.py``).
+
+:func:`summarise` turns the per-run ``result.json`` records into per-arm seed statistics; :func:`reading` writes
+every sentence from those statistics with its condition stated, so different numbers give different sentences
+(``tests/classifier/test_study_recursion_reading.py`` checks that). Differences between arms are *called* only
+when they exceed the seed spread: ``|mean_a - mean_b| > 2 * sqrt(sd_a^2 / n_a + sd_b^2 / n_b)`` (two standard
+errors of the difference of seed means); with one seed nothing is called.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+FLAT_FRACTION = 0.10  # a loss curve counts as flattened when its last 20% of steps make < 10% of its total decrease
+CHANCE = 10.0  # CIFAR-10 top-1 (%) of a constant guess
+NEAR_CHANCE = 15.0  # "collapse to near chance": top-1 below this
+SPARSE_STEPS = (0, 1, 2, 3, 6, 12, 24, 48)
+ROUTER_MARGIN = 0.05  # a router "favours" a step when that step's mean weight exceeds uniform (1/R) by this
+
+
+# -- statistics -----------------------------------------------------------------------------------------
+@dataclass
+class Stat:
+    """Seed values of one quantity; ``mean`` and the sample s.d. (0 for one seed)."""
+
+    values: list[float]
+
+    @property
+    def n(self) -> int:
+        return len(self.values)
+
+    @property
+    def mean(self) -> float:
+        return sum(self.values) / self.n if self.values else math.nan
+
+    @property
+    def sd(self) -> float:
+        if self.n < 2:
+            return 0.0
+        m = self.mean
+        return math.sqrt(sum((v - m) ** 2 for v in self.values) / (self.n - 1))
+
+    def fmt(self, digits: int = 2) -> str:
+        if not self.values:
+            return "–"
+        return f"{self.mean:.{digits}f} ± {self.sd:.{digits}f}" if self.n > 1 else f"{self.mean:.{digits}f}"
+
+
+@dataclass
+class Comparison:
+    delta: float  # mean_a - mean_b
+    threshold: float  # two standard errors of the difference (inf with one seed)
+
+    @property
+    def called(self) -> bool:
+        return abs(self.delta) > self.threshold
+
+    def text(self, unit: str = " points") -> str:
+        if math.isinf(self.threshold):
+            return f"{self.delta:+.2f}{unit} (one seed: not called)"
+        verdict = "beyond" if self.called else "within"
+        return f"{self.delta:+.2f}{unit} ({verdict} the seed spread, ±{self.threshold:.2f})"
+
+
+def compare(a: Stat, b: Stat) -> Comparison:
+    """``a - b`` with the threshold of the module docstring."""
+    if a.n < 2 or b.n < 2:
+        return Comparison(a.mean - b.mean, math.inf)
+    return Comparison(a.mean - b.mean, 2 * math.sqrt(a.sd ** 2 / a.n + b.sd ** 2 / b.n))
+
+
+def order(stats: list[Stat]) -> str:
+    """``rises`` / ``falls`` when the means are monotone and the ends differ beyond the spread, else ``flat``."""
+    means = [s.mean for s in stats]
+    ends = compare(stats[-1], stats[0])
+    if not ends.called:
+        return "flat"
+    if all(b > a for a, b in zip(means, means[1:])):
+        return "rises"
+    if all(b < a for a, b in zip(means, means[1:])):
+        return "falls"
+    return "mixed"
+
+
+# -- per-arm summary ------------------------------------------------------------------------------------
+def flattening(curve: list[list[float]], steps: int) -> float:
+    """Share of a loss curve's total decrease made in its last 20% of steps (window means; see module)."""
+    def window(lo: float, hi: float) -> float:
+        values = [loss for step, loss in curve if lo * steps < step <= hi * steps]
+        if not values:  # a short run: the point nearest the window's end
+            values = [min(curve, key=lambda p: abs(p[0] - hi * steps))[1]]
+        return sum(values) / len(values)
+
+    first, late, last = curve[0][1], window(0.7, 0.8), window(0.9, 1.0)
+    return (late - last) / max(first - last, 1e-9)
+
+
+def summarise(results: dict[str, dict], picks: dict[str, dict], arms: list, settings: dict) -> dict[str, Any]:
+    """Per arm (at its group's picked lr, over the seeds): stats of every reported quantity."""
+    summary: dict[str, Any] = {}
+    for arm in arms:
+        lr = picks[arm.group]["lr"]
+        runs = [results[f"{arm.name}-lr{lr:g}-s{seed}"] for seed in settings["seeds"]]
+        good = [r for r in runs if not r["diverged"]]
+        entry: dict[str, Any] = {"arm": arm.name, "section": arm.section, "group": arm.group, "lr": lr,
+                                 "model": arm.model, "extra": list(arm.extra), "horizon": arm.horizon,
+                                 "block_evaluations": arm.block_evaluations, "diverged": len(runs) - len(good),
+                                 "seeds": len(good)}
+        if good:
+            entry.update({
+                "parameters": good[0]["parameters"], "epochs": good[0]["epochs"],
+                "top1": Stat([100 * r["top1"] for r in good]), "top5": Stat([100 * r["top5"] for r in good]),
+                "final_loss": Stat([r["final_train_loss"] for r in good]),
+                "flattening": Stat([flattening(r["loss_curve"], r["steps"]) for r in good]),
+                "train_seconds": Stat([r["train_seconds"] for r in good]),
+                "loss_curve": mean_curve([r["loss_curve"] for r in good]),
+                "by_steps": {k: Stat([100 * r["by_steps"][k] for r in good]) for k in good[0]["by_steps"]},
+            })
+            for key in ("state_norms", "direction_change", "router_entropy"):
+                if key in good[0]:
+                    entry[key] = [Stat([r[key][i] for r in good]) for i in range(len(good[0][key]))]
+            if "router_weights" in good[0]:
+                entry["router_weights"] = [[Stat([r["router_weights"][j][i] for r in good])
+                                            for i in range(len(good[0]["router_weights"][j]))]
+                                           for j in range(len(good[0]["router_weights"]))]
+            if good[0].get("entropy_curve"):
+                entry["entropy_curve"] = mean_curve([[[s, sum(e) / len(e)] for s, e in r["entropy_curve"]]
+                                                     for r in good])
+        summary[arm.name] = entry
+    return summary
+
+
+def mean_curve(curves: list[list[list[float]]]) -> list[list[float]]:
+    """Pointwise mean of curves sampled at the same steps."""
+    return [[points[0][0], sum(p[1] for p in points) / len(points)] for points in zip(*curves)]
+
+
+def growth_per_step(norms: list[float], horizon: int) -> float:
+    """Geometric-mean factor by which the state norm grows per step over steps 1..``horizon``."""
+    return (norms[horizon] / norms[1]) ** (1 / max(horizon - 1, 1))
+
+
+def turning_stops(turns: list[float], tolerance: float = 0.01) -> int | None:
+    """First step after which every later step turns the unit state by less than ``tolerance`` (or None)."""
+    for t in range(len(turns)):
+        if all(v < tolerance for v in turns[t:]):
+            return t + 1
+    return None
+
+
+# -- reading --------------------------------------------------------------------------------------------
+def reading(summary: dict[str, Any], picks: dict[str, dict], settings: dict, lr_grid: list[float]) -> list[str]:
+    """Every sentence of the report's reading, each decided by the numbers (see module docstring)."""
+    s = summary
+    lines = ["## Reading (computed from the tables above; chance is 10%)", ""]
+    seeds = min(e["seeds"] for e in s.values())
+    lines.append(f"- **Noise.** {seeds} seed(s) per arm; a difference is called only when it exceeds two standard "
+                 "errors of the difference of seed means" + (" (with one seed nothing is called)." if seeds < 2 else "."))
+    # learning rates
+    parts = []
+    for group, pick in picks.items():
+        losses = ", ".join(f"{float(lr):g}: " + ("diverged" if v is None else f"{v:.3f}")
+                           for lr, v in sorted(pick["losses"].items(), key=lambda kv: float(kv[0])))
+        edge = " — at the edge of the grid, so a better lr may lie outside it" if pick["edge"] else ""
+        parts.append(f"{group} ({pick['arm']}) {pick['lr']:g} [{losses}]{edge}")
+    lines.append("- **Learning rates.** Picked per depth group by the lowest final training loss of seed 0 over "
+                 f"the grid {{{', '.join(f'{v:g}' for v in lr_grid)}}}: " + "; ".join(parts) + ".")
+    # budget
+    flat = {name: s[name]["flattening"] for name in ("srvit-R1-last", "srvit-R4-query", "bvit-euler") if "top1" in s[name]}
+    described = ", ".join(f"{name} {100 * st.mean:.1f}%" for name, st in flat.items())
+    still = [name for name, st in flat.items() if st.mean >= FLAT_FRACTION]
+    verdict = ("all have flattened by that rule" if not still else
+               f"still falling by that rule: {', '.join(still)}, so the budget under-trains them")
+    lines.append(f"- **Budget.** {settings['steps']} steps (≈{s['srvit-R1-last']['epochs']:.1f} epochs). Share of "
+                 f"the training loss's total decrease made in the last 20% of steps (flattened below "
+                 f"{100 * FLAT_FRACTION:.0f}%): {described}; {verdict}. The cosine schedule ends at 2% of the peak "
+                 "lr, which flattens every curve's tail by itself; compare the final losses across depths below.")
+    loss_r = [s[f"srvit-R{r}-query" if r > 1 else "srvit-R1-last"]["final_loss"] for r in (1, 2, 4)]
+    trend = order(loss_r)
+    lines.append(
+        f"- **Training loss vs R** (query fusion; R=1 {loss_r[0].fmt(3)}, R=2 {loss_r[1].fmt(3)}, R=4 "
+        f"{loss_r[2].fmt(3)}): " + {
+            "rises": "it rises with R beyond the seed spread: the deeper unrolled nets fit the training set worse "
+                     "in this budget.",
+            "falls": "it falls with R beyond the seed spread: the deeper unrolled nets fit the training set better.",
+            "mixed": "R=4 differs from R=1 beyond the seed spread but not monotonically.",
+            "flat": "no difference between R=1 and R=4 beyond the seed spread."}[trend])
+    # SR-ViT accuracy
+    r1 = s["srvit-R1-last"]["top1"]
+    sentences = []
+    for mode in ("query", "token", "last"):
+        stats = [r1, s[f"srvit-R2-{mode}"]["top1"], s[f"srvit-R4-{mode}"]["top1"]]
+        sentences.append(f"`{mode}` {stats[1].fmt()} / {stats[2].fmt()} at R=2/4: " + {
+            "rises": "rises with R", "falls": "falls with R", "mixed": "not monotone in R",
+            "flat": "no change from R=1 beyond the spread"}[order(stats)])
+    lines.append(f"- **Top-1 vs R** (R=1 {r1.fmt()}%): " + "; ".join(sentences) + ". The paper reports SR-ViT-S "
+                 "rising 79.83 → 82.48 on ImageNet-1K for R = 1 → 4.")
+    fusion = []
+    for r in (2, 4):
+        last, token, query = (s[f"srvit-R{r}-{m}"]["top1"] for m in ("last", "token", "query"))
+        fusion.append(f"R={r}: token − last {compare(token, last).text()}, query − last "
+                      f"{compare(query, last).text()}, query − token {compare(query, token).text()}")
+    lines.append("- **SoftMoR vs plain recursion** (same R, lr, budget). " + "; ".join(fusion) + ".")
+    routers = []
+    for name in ("srvit-R4-query", "srvit-R4-token", "srvit-R2-query", "srvit-R2-token"):
+        e = s[name]
+        if "router_weights" not in e:
+            continue
+        r = len(e["router_weights"][0])
+        heaviest = [max(w, key=lambda x: x.mean) for w in e["router_weights"]]
+        favoured = [max(range(r), key=lambda i: w[i].mean) + 1 for w in e["router_weights"]]
+        top = max(set(favoured), key=favoured.count)
+        share = sum(h.mean for h, f in zip(heaviest, favoured) if f == top) / favoured.count(top)
+        ent = sum(x.mean for x in e["router_entropy"]) / len(e["router_entropy"])
+        if share < 1 / r + ROUTER_MARGIN:
+            routers.append(f"{name}: near uniform (the heaviest step's mean weight is below {1 / r:.2f} + "
+                           f"{ROUTER_MARGIN:.2f} in the blocks; entropy {ent:.2f} of ln {r} = {math.log(r):.2f} nats)")
+        else:
+            routers.append(f"{name}: step {top} is the heaviest in {favoured.count(top)} of {len(favoured)} blocks "
+                           f"(mean weight there {share:.2f}, uniform = {1 / r:.2f}); entropy {ent:.2f} of "
+                           f"ln {r} = {math.log(r):.2f} nats")
+    if routers:
+        lines.append("- **What the trained routers favour** (test images, all tokens): " + "; ".join(routers) + ".")
+    # deep supervision
+    plain, deep = s["bvit-euler"]["by_steps"], s["bvit-euler-ds3"]["by_steps"]
+    keys = sorted(plain, key=int)
+    at, far = keys[0], keys[-1]
+    drop_plain = Stat([a - b for a, b in zip(plain[at].values, plain[far].values)])
+    drop_deep = Stat([a - b for a, b in zip(deep[at].values, deep[far].values)])
+    graceful = compare(drop_plain, drop_deep)
+    lines.append(
+        f"- **Deep supervision** (bViT, T={at}). At the horizon: {compare(deep[at], plain[at]).text()} (the paper: "
+        f"no nominal gain). Run to {far} steps the plain bViT loses {drop_plain.fmt()} points and the supervised "
+        f"one {drop_deep.fmt()}: " + ("graceful degradation appears (the supervised one loses less, beyond the "
+                                       "spread)." if graceful.called and graceful.delta > 0 else
+                                       "no difference in degradation beyond the spread." if not graceful.called else
+                                       "the supervised one degrades more, beyond the spread.")
+        + (f" The paper's collapse to near chance without supervision appears ({plain[far].fmt()}% at {far} steps)."
+           if plain[far].mean < NEAR_CHANCE else
+           f" The paper's collapse to near chance without supervision does not appear ({plain[far].fmt()}% at "
+           f"{far} steps)."))
+    # solvers
+    euler = s["bvit-euler"]["top1"]
+    heun, matched, black = s["bvit-heun"]["top1"], s["bvit-heun-T6h2"]["top1"], s["bvit-blackbox"]["top1"]
+    lines.append(
+        f"- **Euler vs Heun.** At matched steps (T=12, h=1; Heun uses 2× the block evaluations) Heun − Euler "
+        f"{compare(heun, euler).text()}; at matched block evaluations and integration time (Heun T=6, h=2) "
+        f"{compare(matched, euler).text()}.")
+    norms = [st.mean for st in s["bvit-blackbox"]["state_norms"]]
+    euler_norms = [st.mean for st in s["bvit-euler"]["state_norms"]]
+    turns = [st.mean for st in s["bvit-blackbox"]["direction_change"]]
+    growth, euler_growth = growth_per_step(norms, 12), growth_per_step(euler_norms, 12)
+    stops = turning_stops(turns[:12])
+    cost = compare(euler, black)
+    lines.append(
+        f"- **Black-box field.** Euler − black-box {cost.text()}"
+        + (": the paper's few-point cost of `z' = F(z)` appears." if cost.called and cost.delta > 0 else
+           ": the paper's few-point cost of `z' = F(z)` does not appear beyond the spread." if not cost.called else
+           ": black-box is better here, unlike the paper.")
+        + f" Its state norm grows ×{growth:.2f} per step over the 12 training steps (Euler: ×{euler_growth:.2f}), "
+        f"from {norms[1]:.3g} to {norms[12]:.3g}; "
+        + (f"from step {stops} on, each step turns the normalised state by < 1% (the final LayerNorm sees only the "
+           "direction), so the later steps barely act and the arm is effectively shallower."
+           if stops is not None and stops < 12 else
+           "every training step still turns the normalised state by ≥ 1%.")
+    )
+    return lines + [""]
+
+
+# -- report ---------------------------------------------------------------------------------------------
+def write_report(results: dict[str, dict], picks: dict[str, dict], arms: list, settings: dict, out: Path,
+                 command: str, run_info: dict[str, Any]) -> None:
+    """Write ``out`` (markdown) and its plots into ``out`` without suffix / (``<name>/*.png``)."""
+    summary = summarise(results, picks, arms, settings)
+    plots = out.with_suffix("")
+    plots.mkdir(parents=True, exist_ok=True)
+    rel = plots.name
+    compute = sum(r.get("train_seconds", 0) + r.get("eval_seconds", 0) for r in results.values())
+    import torch
+
+    s = summary
+    e0 = s["srvit-R1-last"]
+    lines = [
+        "# Recurrence study (CIFAR-10 at CPU scale)", "",
+        f"Produced by `{command}` ({time.strftime('%Y-%m-%d')}, torch {torch.__version__}, {run_info['jobs']} "
+        f"trainings side by side on {run_info['threads']} thread(s) each). {len(results)} runs, "
+        f"{compute / 3600:.2f} CPU-job hours in all; the last invocation took {run_info['wall_seconds'] / 60:.0f} "
+        "minutes of wall time (finished runs are reused).", "",
+        "**Data and protocol.** The shared CIFAR-10 shards: 5,000 training images (500 per class, JPEG q75 copies "
+        "of the originals) and all 10,000 test images"
+        + (f" (the first {settings['eval_images']:,} here)" if settings["eval_images"] else "")
+        + ". The papers' protocol (Training crossroads) is CIFAR-100: 100 classes and 50,000 training images. "
+        "So this study has 10× fewer classes, 10× fewer training images, a much shorter budget, 8×8 patches "
+        "(16 tokens + class token) and a half-width ViT-Ti (96 channels, 3 heads, 12 blocks for SR-ViT; one "
+        "such block for bViT). The accuracies are not comparable to the papers'; the comparisons between arms are "
+        "what the study measures.", "",
+        f"**Recipe.** The `cifar10-*` presets (AdamW, batch 64, warm-up 0.5 epochs then cosine to 2%, weight decay "
+        f"0.05, label smoothing 0.1, pad-crop + flip, EMA 0.99 evaluated), {settings['steps']} steps "
+        f"(≈{e0['epochs']:.1f} epochs), seeds {', '.join(map(str, settings['seeds']))} (initialisation and data "
+        "order). Tables give the mean ± sample s.d. over seeds.", "",
+    ]
+    lines += lr_table(results, picks, settings)
+    lines += [f"![training loss](./{rel}/loss_curves.png)", ""]
+    lines += ["## 1. SR-ViT: SoftMoR (token, query) vs plain recursion (last)", "",
+              "| arm | R | fusion | params | block evals | top-1 (%) | top-5 (%) | final train loss | last-20% share | "
+              "train s |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for a in arms:
+        if a.section == "fusion":
+            e = s[a.name]
+            lines.append(f"| {a.name} | {a.horizon} | {a.model['fusion']} | {e['parameters'] / 1e6:.3f}M | "
+                         f"{a.block_evaluations} | {e['top1'].fmt()} | {e['top5'].fmt()} | {e['final_loss'].fmt(3)} | "
+                         f"{100 * e['flattening'].mean:.1f}% | {e['train_seconds'].mean:.0f} |")
+    lines += ["", f"![top-1 vs R](./{rel}/fusion.png) ![routers](./{rel}/routers.png)", ""]
+    lines += router_table(s)
+    lines += bvit_tables(s, arms)
+    lines += [f"![deep supervision](./{rel}/supervision.png) ![solvers](./{rel}/solver.png) "
+              f"![state norms](./{rel}/state_norms.png)", ""]
+    lines += reading(summary, picks, settings, list(settings["lr_grid"]))
+    lines += ["## Raw results", "",
+              f"Every run's `result.json` (loss and entropy curves, state norms, router weights, accuracies), the lr "
+              f"picks and the settings: [{rel}/results.json](./{rel}/results.json).", ""]
+    out.write_text("\n".join(lines))
+    (plots / "results.json").write_text(json.dumps({"settings": settings, "picks": picks, "run_info": run_info,
+                                                    "runs": dict(sorted(results.items()))}, separators=(",", ":")))
+    from study_recursion_plots import plot_all
+
+    plot_all(summary, results, picks, settings, plots)
+
+
+def lr_table(results: dict[str, dict], picks: dict[str, dict], settings: dict) -> list[str]:
+    grid = list(settings["lr_grid"])
+    lines = ["## Learning-rate sweep (seed 0; pick = lowest final training loss)", "",
+             "| group | arm | " + " | ".join(f"lr {v:g}: loss / top-1" for v in grid) + " | pick |",
+             "| --- | --- | " + " | ".join("---" for _ in grid) + " | --- |"]
+    for group, pick in picks.items():
+        cells = []
+        for v in grid:
+            r = results[f"{pick['arm']}-lr{v:g}-s{settings['seeds'][0]}"]
+            cells.append("diverged" if r["diverged"] else f"{r['final_train_loss']:.3f} / {100 * r['top1']:.2f}%")
+        lines.append(f"| {group} | {pick['arm']} | " + " | ".join(cells) + f" | {pick['lr']:g} |")
+    return lines + [""]
+
+
+def router_table(s: dict[str, Any]) -> list[str]:
+    lines = ["Mean SoftMoR weight per step (test images, all tokens; seed mean) and entropy (nats), per block:", "",
+             "| block | " + " | ".join(f"{n} weights" for n in ("srvit-R4-token", "srvit-R4-query")) +
+             " | entropy token / query |", "| --- | --- | --- | --- |"]
+    tok, qry = s["srvit-R4-token"], s["srvit-R4-query"]
+    if "router_weights" not in tok or "router_weights" not in qry:
+        return []
+    for j in range(len(tok["router_weights"])):
+        def cell(e: dict) -> str:
+            return " ".join(f"{w.mean:.2f}" for w in e["router_weights"][j])
+        lines.append(f"| {j} | {cell(tok)} | {cell(qry)} | {tok['router_entropy'][j].mean:.2f} / "
+                     f"{qry['router_entropy'][j].mean:.2f} |")
+    return lines + [""]
+
+
+def bvit_tables(s: dict[str, Any], arms: list) -> list[str]:
+    lines = ["## 2–3. bViT: deep supervision, solvers and fields, beyond the training horizon", "",
+             "Top-1 (%) when run for 1×, 1.5×, 2×, 3× and 4× the training steps T:", "",
+             "| arm | solver | T | h | block evals | 1× | 1.5× | 2× | 3× | 4× | final train loss |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for a in arms:
+        if a.section in ("supervision", "solver") and a.name in s and "by_steps" in s[a.name]:
+            if a.name == "bvit-euler" and a.section == "solver":
+                continue
+            e = s[a.name]
+            cells = " | ".join(e["by_steps"][k].fmt() for k in sorted(e["by_steps"], key=int))
+            name = a.name + (" (deep supervision every 3)" if a.extra else "")
+            lines.append(f"| {name} | {a.model.get('solver', 'euler')} | {a.horizon} | "
+                         f"{a.model.get('step_size', 1.0):g} | {a.block_evaluations} | {cells} | "
+                         f"{e['final_loss'].fmt(3)} |")
+    lines += ["", "State norm (mean L2 norm of a token) after step t, on 256 class-balanced test images "
+              "(t = 0: the embedding):", "",
+              "| arm | " + " | ".join(f"t={t}" for t in SPARSE_STEPS) + " |",
+              "| --- | " + " | ".join("---" for _ in SPARSE_STEPS) + " |"]
+    for a in arms:
+        if "state_norms" in s.get(a.name, {}) and not (a.name == "bvit-euler" and a.section == "solver"):
+            norms = s[a.name]["state_norms"]
+            lines.append(f"| {a.name} | " + " | ".join(f"{norms[t].mean:.3g}" if t < len(norms) else "–"
+                                                        for t in SPARSE_STEPS) + " |")
+    return lines + [""]
