@@ -75,14 +75,15 @@ def compare(a: Stat, b: Stat) -> Comparison:
 
 
 def order(stats: list[Stat]) -> str:
-    """``rises`` / ``falls`` when the means are monotone and the ends differ beyond the spread, else ``flat``."""
+    """``rises`` / ``falls`` when the means are monotone (non-strictly) and the ends differ beyond the spread;
+    ``mixed`` when the ends differ but the means are not monotone; else ``flat``."""
     means = [s.mean for s in stats]
     ends = compare(stats[-1], stats[0])
     if not ends.called:
         return "flat"
-    if all(b > a for a, b in zip(means, means[1:])):
+    if all(b >= a for a, b in zip(means, means[1:])):
         return "rises"
-    if all(b < a for a, b in zip(means, means[1:])):
+    if all(b <= a for a, b in zip(means, means[1:])):
         return "falls"
     return "mixed"
 

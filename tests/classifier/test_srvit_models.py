@@ -1,5 +1,7 @@
 """srvit models: parameter counts, exact identities between the families, the ODE view, the timm surface."""
 
+import math
+
 import pytest
 import timm
 import torch
@@ -294,3 +296,35 @@ def test_every_registered_model_builds_at_tiny_size_and_runs() -> None:
         out = model(images(2))
         assert out.shape == (2, 7) and torch.isfinite(out).all(), name
         assert isinstance(model, nn.Module) and model.config.family == name.split("-")[0]
+
+
+def test_recorded_fusion_weights_are_the_forwards_own_and_their_entropy_is_logged_per_block() -> None:
+    from loopcore.softmor import fusion_entropy
+    from srvit.trainer import fusion_entropy_logs
+
+    torch.manual_seed(0)
+    model = srvit.create_model("srvit-ti", depth=2, embed_dim=24, num_heads=2, patch_size=8, img_size=16,
+                               num_classes=3, recursion=3, fusion="token").eval()
+    x = torch.randn(2, 3, 16, 16)
+    with model.record_fusion_weights() as recorded:
+        trace = model.forward_trace(x)
+    assert len(recorded) == 2 and model._fusion_record is None  # restored on exit
+    for got, want in zip(recorded, trace.fusion_weights):
+        assert not got.requires_grad and torch.equal(got, want)
+    # the logits-only forward records the class-token-only weights of the last block
+    with model.record_fusion_weights() as head_only:
+        model(x)
+    assert [tuple(w.shape) for w in head_only] == [(2, 3, 5), (2, 3, 1)]
+    logs = fusion_entropy_logs(recorded)
+    assert logs["fusion_entropy/block01"] == pytest.approx(float(fusion_entropy(recorded[1])))
+    assert logs["fusion_entropy"] == pytest.approx((logs["fusion_entropy/block00"] + logs["fusion_entropy/block01"]) / 2)
+    uniform = fusion_entropy_logs([torch.full((2, 3, 5), 1 / 3)])
+    assert uniform["fusion_entropy/block00"] == pytest.approx(math.log(3), rel=1e-5)
+    assert fusion_entropy_logs([torch.tensor([[[1.0], [0.0], [0.0]]])])["fusion_entropy"] == pytest.approx(0.0, abs=1e-5)
+    assert fusion_entropy_logs([]) == {}
+    # no record outside the context manager, and nothing recorded for a plain (last) recursion
+    plain = srvit.create_model("srvit-ti", depth=1, embed_dim=24, num_heads=2, patch_size=8, img_size=16,
+                               num_classes=3, recursion=2, fusion="last")
+    with plain.record_fusion_weights() as none:
+        plain(x)
+    assert none == []

@@ -1,6 +1,7 @@
 """srvit training and evaluation end to end: resume, the CLI, torchrun, and accuracy on real CIFAR-10."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -79,6 +80,13 @@ def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(kodak_labelle
         assert h_straight["loss"] == h_resumed["loss"]
     events = EventAccumulator(str(tmp_path / "straight" / "tb")).Reload()
     assert {"train/loss", "train/lr", "train/train_top1", "train/images_per_s"} <= set(events.Tags()["scalars"])
+    # SoftMoR router entropy per block is logged at every logging step (log_every=1 here), within [0, ln R]
+    assert {"train/fusion_entropy", "train/fusion_entropy/block00", "train/fusion_entropy/block01"} <= set(
+        events.Tags()["scalars"])
+    for h in straight.history:
+        blocks = [h["fusion_entropy/block00"], h["fusion_entropy/block01"]]
+        assert all(0.0 <= e <= math.log(2) + 1e-6 for e in blocks)
+        assert h["fusion_entropy"] == pytest.approx(sum(blocks) / 2)
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:

@@ -3,7 +3,11 @@
 The trunk has ``depth`` stored pre-norm blocks (:class:`loopcore.PreNormBlock`); block ``j`` is applied
 ``recursion`` times in place, each application being one step of an explicit ODE solver on the
 residual field ``v(z) = B_j(z) - z`` (:class:`loopcore.ODESolver`; Euler with ``h = 1`` is plain
-recursion ``z <- B_j(z)``, bit for bit). The ``recursion`` step outputs of a block are fused by
+recursion ``z <- B_j(z)``, bit for bit). The recursion runs on the engine LoopVAE uses,
+:class:`loopcore.LoopedCore`, as a schedule: stage ``j`` = block ``j`` for ``recursion`` passes (one block per
+stage, sharing ``scale``; bViT: one stage, sharing ``global``), without conditioning or injection; so its
+hooks (prefix truncation, bypass, pass records; :meth:`RecursiveViT.use_hooks`) and per-pass checkpointing
+work on the classifiers too. The ``recursion`` step outputs of a block are fused by
 :class:`loopcore.SoftMoRFusion` (per block, so a token router costs ``d^2 + 4d + 1 + R`` per block and a
 query router ``d^2 + 3d + R``).
 
@@ -37,7 +41,6 @@ import torch
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.modeling_utils import ModelMixin
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 import loopcore as lc
 from loopcore.release import ReleaseLoadingMixin
@@ -137,32 +140,38 @@ class RecursiveViT(ReleaseLoadingMixin, ModelMixin, ConfigMixin):
         if num_classes < 0:
             raise ValueError(f"num_classes must be >= 0 (0 = no classifier, pooled features out), got {num_classes}")
         self.solver = lc.ODESolver(solver, step_size)
-        self.gradient_checkpointing = False
         self._fusion_record: list[torch.Tensor] | None = None  # see record_fusion_weights()
 
         self.patch_embed = PatchEmbed(img_size, patch_size, in_channels, embed_dim)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
         self.pos_embed = nn.Parameter(torch.zeros(1, 1 + self.patch_embed.num_patches, embed_dim))
-        self.blocks = nn.ModuleList(
-            lc.PreNormBlock(embed_dim, num_heads, mlp_ratio, qkv_bias) for _ in range(depth)
+        # The recursion runs on the shared engine: stage j = stored block j, run for `recursion` passes, each
+        # pass one solver step, the passes fused by SoftMoR (routers only where several passes are fused:
+        # R = 1 has exactly the ViT's parameters). No conditioning, no injection: bViT prescribes none.
+        engine = lc.LoopedCore(
+            lambda: lc.PreNormBlock(embed_dim, num_heads, mlp_ratio, qkv_bias), num_blocks=1,
+            loops=[recursion] * depth, dim=embed_dim, sharing="global" if depth == 1 else "scale",
+            channels_last=True, fusion=fusion if recursion > 1 else None, conditioning=False, injection=False,
+            solver=self.solver, block_call=self._call_block,
         )
+        # The engine owns no parameters of its own here, so it is held unregistered and its blocks and routers
+        # are registered on this model: parameter names stay timm's `blocks.i.*` (the DeiT state-dict recipe
+        # and released weights rely on them) and the routers stay `fusions.i.*`.
+        self.__dict__["engine"] = engine
+        self.blocks = engine.blocks
+        self.fusions = engine.fusions
         self.step_embedding = nn.Embedding(recursion, embed_dim) if loop_embedding else None
         self.norm = nn.LayerNorm(embed_dim, eps=1e-6)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
         self._init_weights()
-        # Routers exist only where several steps are fused; R = 1 has exactly the ViT's parameters.
-        self.fusions = None
-        if recursion > 1 and fusion != "last":
-            self.fusions = nn.ModuleList(
-                lc.SoftMoRFusion(embed_dim, recursion, fusion, channels_last=True) for _ in range(depth)
-            )
 
     def _init_weights(self) -> None:
         # timm's ViT init: truncated-normal(0.02) linears and position embedding, tiny class token.
         nn.init.trunc_normal_(self.pos_embed, std=0.02)
         nn.init.normal_(self.cls_token, std=1e-6)
+        routers = set(self.fusions.modules()) if self.fusions is not None else set()
         for module in self.modules():
-            if isinstance(module, nn.Linear):
+            if isinstance(module, nn.Linear) and module not in routers:  # routers keep SoftMoR's own init
                 nn.init.trunc_normal_(module.weight, std=0.02)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
@@ -231,6 +240,25 @@ class RecursiveViT(ReleaseLoadingMixin, ModelMixin, ConfigMixin):
         """Recompute every block application in the backward pass (memory grows with ``recursion``)."""
         self.gradient_checkpointing = enable
 
+    @property
+    def gradient_checkpointing(self) -> bool:
+        """Per-pass checkpointing of the engine (:meth:`loopcore.LoopedCore.set_gradient_checkpointing`)."""
+        return self.engine.gradient_checkpointing
+
+    @gradient_checkpointing.setter
+    def gradient_checkpointing(self, enable: bool) -> None:
+        self.engine.set_gradient_checkpointing(enable)
+
+    def use_hooks(self, hooks: lc.LoopHooks | None):
+        """Install loop interventions / recording for the forwards inside the ``with`` block.
+
+        Stage ``j`` is stored block ``j`` (bViT: stage 0), pass ``t`` its ``t``-th application, exactly as
+        in :class:`loopcore.LoopHooks`: ``prefix={j: k}`` applies block ``j`` only ``k`` times, ``bypass={(j, t)}``
+        skips one application, ``record=True`` collects a :class:`loopcore.PassRecord` per application.
+        While hooks are installed the class-token-only shortcut of the last application is not taken.
+        """
+        return self.engine.use_hooks(hooks)
+
     def _set_gradient_checkpointing(self, enable: bool = True, gradient_checkpointing_func=None) -> None:
         # diffusers' enable_gradient_checkpointing() lands here.
         self.gradient_checkpointing = enable
@@ -274,18 +302,19 @@ class RecursiveViT(ReleaseLoadingMixin, ModelMixin, ConfigMixin):
         cls = self.cls_token.expand(tokens.shape[0], -1, -1)
         return torch.cat([cls, tokens], dim=1) + self.pos_embed
 
-    def _apply_block(self, j: int, z: torch.Tensor, step: int, queries: int | None = None) -> torch.Tensor:
+    def _call_block(
+        self, block: nn.Module, z: torch.Tensor, stage: int, pass_index: int, slot: int = 0,
+        queries: int | None = None,
+    ) -> torch.Tensor:
+        """One application of ``block`` (the engine's ``block_call``): the bViT step embedding, drop path."""
         cfg = self.config
+        step = min(pass_index, cfg.recursion - 1)
         if self.step_embedding is not None:
-            z = z + self.step_embedding.weight[min(step, cfg.recursion - 1)]
+            z = z + self.step_embedding.weight[step]
         drop = 0.0
         if self.training and cfg.drop_path_rate > 0:
             n = cfg.depth * cfg.recursion
-            index = j * cfg.recursion + min(step, cfg.recursion - 1)
-            drop = cfg.drop_path_rate * index / max(n - 1, 1)
-        block = self.blocks[j]
-        if self.gradient_checkpointing and torch.is_grad_enabled():
-            return checkpoint(block, z, drop, queries, use_reentrant=False)
+            drop = cfg.drop_path_rate * (stage * cfg.recursion + step) / max(n - 1, 1)
         return block(z, drop, queries)
 
     @property
@@ -357,42 +386,43 @@ class RecursiveViT(ReleaseLoadingMixin, ModelMixin, ConfigMixin):
         if n < 1:
             raise ValueError(f"steps must be >= 1, got {n}")
         z = self.embed(x)
+        last = self.config.depth - 1
         for j in range(self.config.depth):
-            fn = lambda state, step, j=j: self._apply_block(j, state, step)  # noqa: E731
-            fuses = self.fusions is not None and n > 1
-            start = z  # the block input: SoftMoR's `query` mode scores the steps against it
-            if head_only and j == self.config.depth - 1 and self.computes_head_only:
-                states = self._last_application_head_only(j, z, n, keep_steps or fuses)
-                inputs = [s[:, :1] for s in states] if fuses else states
-                start = z[:, :1]  # only the class token is fused
-            elif fuses or keep_steps:
-                states = inputs = self.solver.integrate(fn, z, n, return_states=True)
+            if head_only and j == last and self.computes_head_only and self.engine.hooks is None:
+                states, z, w = self._last_stage_head_only(z, n, keep_steps)
             else:
-                states, inputs = None, [self.solver.integrate(fn, z, n)]
-            if fuses:
-                fused = self.fusions[j](inputs, extrapolate=True, context=start)
-                z, w = fused.fused, fused.weights
-                if self._fusion_record is not None:
-                    self._fusion_record.append(w.detach())
-            else:
-                z, w = inputs[-1], None
+                out = self.engine(z, j, return_passes=keep_steps, passes=n)
+                states, z, w = out.pass_outputs, out.output, out.fusion_weights
+            if w is not None and self._fusion_record is not None:
+                self._fusion_record.append(w.detach())
             yield (states if keep_steps else None), z, w
 
-    def _last_application_head_only(self, j: int, z: torch.Tensor, n: int, keep_steps: bool) -> list[torch.Tensor]:
-        """Steps ``1..n`` of block ``j``, the last for the class token only: ``[..., (B, 1, d)]``.
+    def _last_stage_head_only(
+        self, z: torch.Tensor, n: int, keep_steps: bool
+    ) -> tuple[list[torch.Tensor] | None, torch.Tensor, torch.Tensor | None]:
+        """The last block's ``n`` applications, the last one for the class token only (the classifier's head
+        path: the head reads nothing else, and every fusion mode weighs a token's steps from that token alone).
 
-        With ``keep_steps`` all ``n - 1`` full states come first; without, only the class-token state is returned.
+        Returns ``(step states, output (B, 1, d), fusion weights (B, n, 1) or None)``; with ``keep_steps`` the
+        step states are the ``n - 1`` full states and the class-token state.
         """
-        fn = lambda state, step: self._apply_block(j, state, step)  # noqa: E731
-        if n == 1:
-            states = []
-        elif keep_steps:
-            states = self.solver.integrate(fn, z, n - 1, return_states=True)
+        j = self.config.depth - 1
+        fuses = self.fusions is not None and n > 1
+        states: list[torch.Tensor] = []
+        prev = z
+        if n > 1:
+            out = self.engine(z, j, return_passes=keep_steps or fuses, passes=n - 1, fuse=False)
+            states, prev = out.pass_outputs or [], out.output
+        block = self.engine.blocks[self.engine.block_index(j, n - 1, 0)]
+        head = lambda state, step: self._call_block(block, state, j, step, queries=1)  # noqa: E731
+        last = self.solver.step(head, prev, n - 1, head=1)
+        weights = None
+        if fuses:
+            fused = self.fusions[str(j)]([s[:, :1] for s in states] + [last], extrapolate=True, context=z[:, :1])
+            out_state, weights = fused.fused, fused.weights
         else:
-            states = [self.solver.integrate(fn, z, n - 1)]
-        head = lambda state, step: self._apply_block(j, state, step, queries=1)  # noqa: E731
-        last = self.solver.step(head, states[-1] if states else z, n - 1, head=1)
-        return [*states, last] if keep_steps else [last]
+            out_state = last
+        return ([*states, last] if keep_steps else None), out_state, weights
 
     def forward_features(self, x: torch.Tensor, steps: int | None = None) -> torch.Tensor:
         """Images -> final-normed tokens ``(B, 1 + N, d)`` (class token first)."""

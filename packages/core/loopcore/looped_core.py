@@ -5,7 +5,10 @@ At scale ``s`` the K-block stack runs ``L_s`` passes,
     h_{t+1} = Core(h_t + [t > 0] * g_s * P_s(h_0), c_{s,t}),
 
 where ``P_s`` is a scale-specific 1x1 (token-wise linear) projection and ``g_s`` a scalar gate that
-starts at 0. Which stored block serves block slot ``k`` of pass ``t`` at scale ``s`` is the sharing
+starts at 0. Every piece is optional so that the recursive classifiers run on the same engine: without
+conditioning the blocks are called on the state alone, without injection ``h_{t+1} = Core(h_t)``, and a
+``solver`` (:class:`loopcore.ODESolver`) turns each pass into one step of an explicit solver on the field
+``Core(h) - h`` (Euler with ``h = 1`` is the plain pass, bit for bit). Which stored block serves block slot ``k`` of pass ``t`` at scale ``s`` is the sharing
 rule: ``global`` (K blocks for everything), ``scale`` (K per scale) or ``none`` (one per
 application). Sharing is always *one module instance called several times*, never tied
 Parameters, so safetensors, DDP and ``torch.compile`` see ordinary modules. The execution graph and
@@ -25,7 +28,11 @@ from torch.utils.checkpoint import checkpoint
 
 from .conditioning import ScaleLoopEmbedding
 from .hooks import LoopHooks, PassRecord, relative_update
+from .ode import ODESolver
 from .softmor import FUSION_MODES, SoftMoRFusion
+
+# block_call(block, x, stage, pass_index, slot) -> block output: how an unconditioned core calls a block
+BlockCall = Callable[[nn.Module, torch.Tensor, int, int, int], torch.Tensor]
 
 SharingRule = Literal["global", "scale", "none"]
 SHARING_RULES: tuple[str, ...] = ("global", "scale", "none")
@@ -69,7 +76,13 @@ class LoopedCore(nn.Module):
         sharing: ``global`` | ``scale`` | ``none``.
         channels_last: layout of the states: ``False`` = ``(B, C, H, W)``, ``True`` = ``(B, ..., C)``.
         window_sizes: attention window side per scale (``None`` = global); only for attention blocks.
-        fusion: ``None`` (plain recursion) or a SoftMoR mode fusing each stage's pass outputs.
+        fusion: ``None`` or ``"last"`` (plain recursion) or a SoftMoR mode fusing each stage's pass outputs.
+        conditioning: condition every block on ``c_{s,t}`` (``block(x, cond, window_size)``); ``False`` calls
+            ``block_call(block, x, stage, pass_index, slot)`` (default ``block(x)``) and stores no embedding.
+        injection: add the gated input injection ``g_s P_s(h_0)`` from the second pass on.
+        solver: ``None`` (each pass maps ``h -> Core(h)``) or an :class:`ODESolver` stepping ``h`` along
+            ``Core(h) - h`` (or ``Core(h)`` for ``blackbox``); Heun / RK4 evaluate the stack several times.
+        block_call: see ``conditioning``.
     """
 
     def __init__(
@@ -83,8 +96,13 @@ class LoopedCore(nn.Module):
         channels_last: bool = False,
         window_sizes: Sequence[int | None] | None = None,
         fusion: str | None = None,
+        conditioning: bool = True,
+        injection: bool = True,
+        solver: ODESolver | None = None,
+        block_call: BlockCall | None = None,
     ) -> None:
         super().__init__()
+        fusion = None if fusion == "last" else fusion
         loops = [int(v) for v in loops]
         if num_blocks < 1 or not loops or min(loops) < 1:
             raise ValueError(f"LoopedCore needs num_blocks >= 1 and loops >= 1, got K={num_blocks}, loops={loops}")
@@ -98,18 +116,19 @@ class LoopedCore(nn.Module):
         self.channels_last = channels_last
         self.window_sizes = list(window_sizes) if window_sizes is not None else [None] * len(loops)
         self.fusion_mode = fusion
+        self.solver = solver
+        self.block_call = block_call
         self.gradient_checkpointing = False
         self.hooks: LoopHooks | None = None
 
-        self.embedding = ScaleLoopEmbedding(len(loops), max(loops), cond_dim or dim)
+        self.embedding = ScaleLoopEmbedding(len(loops), max(loops), cond_dim or dim) if conditioning else None
         self.blocks = nn.ModuleList(block_factory() for _ in range(stored_block_count(num_blocks, loops, sharing)))
         self._offsets = [sum(loops[:s]) for s in range(len(loops))]
         # Injection only exists where a stage has a second pass: unused parameters would break DDP.
         proj = (lambda: nn.Linear(dim, dim)) if channels_last else (lambda: nn.Conv2d(dim, dim, 1))
-        self.injections = nn.ModuleDict({str(s): proj() for s, n in enumerate(loops) if n > 1})
-        self.injection_gates = nn.ParameterDict(
-            {str(s): nn.Parameter(torch.zeros(())) for s, n in enumerate(loops) if n > 1}
-        )
+        injected = [s for s, n in enumerate(loops) if n > 1] if injection else []
+        self.injections = nn.ModuleDict({str(s): proj() for s in injected})
+        self.injection_gates = nn.ParameterDict({str(s): nn.Parameter(torch.zeros(())) for s in injected})
         self.fusions = None
         if fusion is not None:
             self.fusions = nn.ModuleDict(
@@ -151,6 +170,11 @@ class LoopedCore(nn.Module):
     # -- execution -----------------------------------------------------------------------------
     def run_pass(self, x: torch.Tensor, scale: int, loop: int) -> torch.Tensor:
         """Run the K-block stack once with conditioning ``c_{scale, loop}``; ``x`` is post-injection."""
+        if self.embedding is None:
+            for slot in range(self.num_blocks):
+                block = self.blocks[self.block_index(scale, loop, slot)]
+                x = block(x) if self.block_call is None else self.block_call(block, x, scale, loop, slot)
+            return x
         cond = self.embedding(scale, loop)
         window = self.window_sizes[scale]
         for slot in range(self.num_blocks):
@@ -163,7 +187,8 @@ class LoopedCore(nn.Module):
         return self.run_pass(x, scale, loop)
 
     def forward(
-        self, h0: torch.Tensor, scale: int, hooks: LoopHooks | None = None, return_passes: bool = False
+        self, h0: torch.Tensor, scale: int, hooks: LoopHooks | None = None, return_passes: bool = False,
+        passes: int | None = None, fuse: bool = True,
     ) -> StageOutput:
         """Run the stage at ``scale`` from its input ``h0``.
 
@@ -172,6 +197,11 @@ class LoopedCore(nn.Module):
             scale: scale index into ``loops``.
             hooks: interventions / recording (default: the ones installed with :meth:`use_hooks`).
             return_passes: also return every pass output (deep supervision, analysis).
+            passes: run this many passes instead of ``loops[scale]``; more than trained (beyond the horizon)
+                needs a core without conditioning and with stored blocks shared across passes; SoftMoR then
+                extrapolates (passes past ``L_s`` share the last pass's router bias). Hooks' prefixes refer
+                to this count.
+            fuse: ``False`` returns the last pass output unfused (a caller that fuses itself).
 
         Returns:
             :class:`StageOutput`; ``output`` has the shape of ``h0``.
@@ -179,14 +209,22 @@ class LoopedCore(nn.Module):
         if not 0 <= scale < self.num_scales:
             raise IndexError(f"scale {scale} outside [0, {self.num_scales})")
         hooks = hooks if hooks is not None else self.hooks
-        loops = self.loops[scale]
+        loops = self.loops[scale] if passes is None else int(passes)
+        if loops < 1:
+            raise ValueError(f"passes must be >= 1, got {loops}")
+        if loops > self.loops[scale] and (self.embedding is not None or self.sharing == "none"):
+            raise ValueError(
+                f"{loops} passes at scale {scale} exceed the trained {self.loops[scale]}: only a core without "
+                "conditioning and with shared blocks (sharing global or scale) can run beyond its horizon"
+            )
         n_run = hooks.passes_to_run(scale, loops) if hooks is not None else loops
-        keep = return_passes or self.fusions is not None
+        fuses = fuse and self.fusions is not None
+        keep = return_passes or fuses
         outputs: list[torch.Tensor] = []
         injected = None
         h = h0
         for t in range(n_run):
-            if t == 0:
+            if t == 0 or str(scale) not in self.injections:
                 x = h
             else:
                 if injected is None:  # g_s * P_s(h_0) does not change between passes: compute once
@@ -194,14 +232,21 @@ class LoopedCore(nn.Module):
                     injected = self.injection_gates[key] * self.injections[key](h0)
                 x = h + injected
             bypassed = hooks is not None and (scale, t) in hooks.bypass
-            out = h if bypassed else self._pass(x, scale, t)
+            if bypassed:
+                out = h
+            elif self.solver is None:
+                out = self._pass(x, scale, t)
+            else:  # the pass is one solver step on Core(. + injection) - .
+                shift = None if t == 0 else injected
+                out = self.solver.step(lambda z, step: self._pass(z if shift is None else z + shift, scale, step),
+                                       h, t)
             if hooks is not None and hooks.record:
                 hooks.records.append(self._record(scale, t, bypassed, h, x, out, hooks.keep_tensors))
             h = out
             if keep:
                 outputs.append(out)
-        if self.fusions is not None and len(outputs) > 1:
-            fused = self.fusions[str(scale)](outputs, context=h0)
+        if fuses and len(outputs) > 1:
+            fused = self.fusions[str(scale)](outputs, extrapolate=len(outputs) > self.loops[scale], context=h0)
             return StageOutput(fused.fused, outputs, fused.weights)
         return StageOutput(h, outputs if return_passes else None, None)
 
