@@ -359,8 +359,9 @@ def run_study(paths: Paths, jobs: int) -> tuple[dict[str, dict], dict[str, dict]
 
 
 def main(argv: list[str] | None = None) -> int:
-    import loopdata
     from study_recursion_report import write_report
+
+    import loopdata
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None, help="report path (default docs/study_recursion.md; with --quick "

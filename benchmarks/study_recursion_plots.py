@@ -32,7 +32,7 @@ def plot_losses(summary, results, picks, settings, path: Path) -> None:
     """Training loss (10-step window means) of each sweep arm: picked lr seed mean solid, other lrs dashed."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
-    for i, (group, pick) in enumerate(picks.items()):
+    for i, pick in enumerate(picks.values()):
         color = f"C{i}"
         curve = summary[pick["arm"]]["loss_curve"]
         ax.plot(*zip(*curve), color=color, lw=1.8, label=f"{pick['arm']} lr {pick['lr']:g} (seed mean)")

@@ -161,7 +161,8 @@ def reading(summary: dict[str, Any], picks: dict[str, dict], settings: dict, lr_
     lines = ["## Reading (computed from the tables above; chance is 10%)", ""]
     seeds = min(e["seeds"] for e in s.values())
     lines.append(f"- **Noise.** {seeds} seed(s) per arm; a difference is called only when it exceeds two standard "
-                 "errors of the difference of seed means" + (" (with one seed nothing is called)." if seeds < 2 else "."))
+                 "errors of the difference of seed means"
+                 + (" (with one seed nothing is called)." if seeds < 2 else "."))
     # learning rates
     parts = []
     for group, pick in picks.items():
@@ -172,7 +173,8 @@ def reading(summary: dict[str, Any], picks: dict[str, dict], settings: dict, lr_
     lines.append("- **Learning rates.** Picked per depth group by the lowest final training loss of seed 0 over "
                  f"the grid {{{', '.join(f'{v:g}' for v in lr_grid)}}}: " + "; ".join(parts) + ".")
     # budget
-    flat = {name: s[name]["flattening"] for name in ("srvit-R1-last", "srvit-R4-query", "bvit-euler") if "top1" in s[name]}
+    flat = {name: s[name]["flattening"] for name in ("srvit-R1-last", "srvit-R4-query", "bvit-euler")
+            if "top1" in s[name]}
     described = ", ".join(f"{name} {100 * st.mean:.1f}%" for name, st in flat.items())
     still = [name for name, st in flat.items() if st.mean >= FLAT_FRACTION]
     verdict = ("all have flattened by that rule" if not still else
@@ -354,10 +356,11 @@ def router_table(s: dict[str, Any]) -> list[str]:
     tok, qry = s["srvit-R4-token"], s["srvit-R4-query"]
     if "router_weights" not in tok or "router_weights" not in qry:
         return []
+    def cell(e: dict, j: int) -> str:
+        return " ".join(f"{w.mean:.2f}" for w in e["router_weights"][j])
+
     for j in range(len(tok["router_weights"])):
-        def cell(e: dict) -> str:
-            return " ".join(f"{w.mean:.2f}" for w in e["router_weights"][j])
-        lines.append(f"| {j} | {cell(tok)} | {cell(qry)} | {tok['router_entropy'][j].mean:.2f} / "
+        lines.append(f"| {j} | {cell(tok, j)} | {cell(qry, j)} | {tok['router_entropy'][j].mean:.2f} / "
                      f"{qry['router_entropy'][j].mean:.2f} |")
     return lines + [""]
 

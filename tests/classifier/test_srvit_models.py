@@ -317,10 +317,12 @@ def test_recorded_fusion_weights_are_the_forwards_own_and_their_entropy_is_logge
     assert [tuple(w.shape) for w in head_only] == [(2, 3, 5), (2, 3, 1)]
     logs = fusion_entropy_logs(recorded)
     assert logs["fusion_entropy/block01"] == pytest.approx(float(fusion_entropy(recorded[1])))
-    assert logs["fusion_entropy"] == pytest.approx((logs["fusion_entropy/block00"] + logs["fusion_entropy/block01"]) / 2)
+    blocks = (logs["fusion_entropy/block00"], logs["fusion_entropy/block01"])
+    assert logs["fusion_entropy"] == pytest.approx(sum(blocks) / 2)
     uniform = fusion_entropy_logs([torch.full((2, 3, 5), 1 / 3)])
     assert uniform["fusion_entropy/block00"] == pytest.approx(math.log(3), rel=1e-5)
-    assert fusion_entropy_logs([torch.tensor([[[1.0], [0.0], [0.0]]])])["fusion_entropy"] == pytest.approx(0.0, abs=1e-5)
+    one_step = torch.tensor([[[1.0], [0.0], [0.0]]])
+    assert fusion_entropy_logs([one_step])["fusion_entropy"] == pytest.approx(0.0, abs=1e-5)
     assert fusion_entropy_logs([]) == {}
     # no record outside the context manager, and nothing recorded for a plain (last) recursion
     plain = srvit.create_model("srvit-ti", depth=1, embed_dim=24, num_heads=2, patch_size=8, img_size=16,

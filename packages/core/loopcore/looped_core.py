@@ -8,11 +8,13 @@ where ``P_s`` is a scale-specific 1x1 (token-wise linear) projection and ``g_s``
 starts at 0. Every piece is optional so that the recursive classifiers run on the same engine: without
 conditioning the blocks are called on the state alone, without injection ``h_{t+1} = Core(h_t)``, and a
 ``solver`` (:class:`loopcore.ODESolver`) turns each pass into one step of an explicit solver on the field
-``Core(h) - h`` (Euler with ``h = 1`` is the plain pass, bit for bit). Which stored block serves block slot ``k`` of pass ``t`` at scale ``s`` is the sharing
-rule: ``global`` (K blocks for everything), ``scale`` (K per scale) or ``none`` (one per
-application). Sharing is always *one module instance called several times*, never tied
-Parameters, so safetensors, DDP and ``torch.compile`` see ordinary modules. The execution graph and
-arithmetic are identical under the three rules.
+``Core(h) - h`` (Euler with ``h = 1`` is the plain pass, bit for bit).
+
+Which stored block serves block slot ``k`` of pass ``t`` at scale ``s`` is the sharing rule: ``global``
+(K blocks for everything), ``scale`` (K per scale) or ``none`` (one per application). Sharing is always
+*one module instance called several times*, never tied Parameters, so safetensors, DDP and
+``torch.compile`` see ordinary modules. The execution graph and arithmetic are identical under the three
+rules.
 """
 
 from __future__ import annotations
@@ -181,6 +183,12 @@ class LoopedCore(nn.Module):
             x = self.blocks[self.block_index(scale, loop, slot)](x, cond, window_size=window)
         return x
 
+    def _stack_fn(self, scale: int, shift: torch.Tensor | None) -> Callable[[torch.Tensor, int], torch.Tensor]:
+        """``(z, pass) -> Core(z + shift)`` at ``scale``: the function a solver step evaluates."""
+        if shift is None:
+            return lambda z, loop: self._pass(z, scale, loop)
+        return lambda z, loop: self._pass(z + shift, scale, loop)
+
     def _pass(self, x: torch.Tensor, scale: int, loop: int) -> torch.Tensor:
         if self.gradient_checkpointing and torch.is_grad_enabled():
             return checkpoint(self.run_pass, x, scale, loop, use_reentrant=False)
@@ -237,9 +245,7 @@ class LoopedCore(nn.Module):
             elif self.solver is None:
                 out = self._pass(x, scale, t)
             else:  # the pass is one solver step on Core(. + injection) - .
-                shift = None if t == 0 else injected
-                out = self.solver.step(lambda z, step: self._pass(z if shift is None else z + shift, scale, step),
-                                       h, t)
+                out = self.solver.step(self._stack_fn(scale, None if t == 0 else injected), h, t)
             if hooks is not None and hooks.record:
                 hooks.records.append(self._record(scale, t, bypassed, h, x, out, hooks.keep_tensors))
             h = out
