@@ -25,7 +25,7 @@ from sections import publish  # benchmarks/ is on sys.path when a script here ru
 
 import srvit
 from loopcore.flops import count_macs, count_parameters
-from loopcore.speed import retain_freed_cpu_memory
+from looprun.speed import retain_freed_cpu_memory
 
 COMMAND = ".venv/bin/python benchmarks/bench_srvit.py --out docs/benchmarks.md"
 
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--repeats", type=int, default=12)
     args = parser.parse_args(argv)
-    retained = retain_freed_cpu_memory()  # what the srvit command lines do by default (loopcore.speed)
+    retained = retain_freed_cpu_memory()  # what the srvit command lines do by default (looprun.speed)
     torch.manual_seed(0)
     rows = []
 

@@ -101,7 +101,7 @@ def render_profile(results, warmup: int, iters: int) -> str:
 
 # -- the verdict: the two models alternated in one process --------------------------------------------
 def worker_alternate(rounds: int, compile: bool) -> dict:
-    from loopcore.speed import compile_in_place, prepare_for_speed, retain_freed_cpu_memory, to_memory_format
+    from looprun.speed import compile_in_place, prepare_for_speed, retain_freed_cpu_memory, to_memory_format
     from loopvae.profile import count_model
     from loopvae.registry import create_model
 
@@ -152,7 +152,7 @@ def render_alternate(results: list[dict], rounds: int) -> str:
 def worker_ops(model_name: str) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
-    from loopcore.speed import prepare_for_speed, retain_freed_cpu_memory, to_memory_format
+    from looprun.speed import prepare_for_speed, retain_freed_cpu_memory, to_memory_format
     from loopvae.registry import create_model
 
     retain_freed_cpu_memory()
@@ -201,7 +201,7 @@ def _train_step(model: torch.nn.Module, x: torch.Tensor) -> None:
 
 
 def _train_model(name: str, checkpointing: bool) -> torch.nn.Module:
-    from loopcore.speed import prepare_for_speed
+    from looprun.speed import prepare_for_speed
     from loopvae.registry import create_model
 
     torch.manual_seed(0)
@@ -218,8 +218,8 @@ def worker_train_memory(model_name: str, checkpointing: bool) -> dict:
     """Peak memory of one training step in a fresh process, with malloc's defaults (freed blocks go back to
     the kernel, so the resident size follows what is alive): its rise over the resident size before the
     step is the step's activations, gradients and workspace."""
-    from loopcore.memory import track_peak_memory
-    from loopcore.speed import to_memory_format
+    from looprun.memory import track_peak_memory
+    from looprun.speed import to_memory_format
 
     model = _train_model(model_name, checkpointing)
     x = to_memory_format(torch.rand(1, 3, 256, 256) * 2 - 1, "channels_last")
@@ -231,7 +231,7 @@ def worker_train_memory(model_name: str, checkpointing: bool) -> dict:
 
 def worker_train_time(rounds: int) -> dict:
     """Training-step times of the three arms alternated in one process (retained allocator), after a warm-up."""
-    from loopcore.speed import retain_freed_cpu_memory, to_memory_format
+    from looprun.speed import retain_freed_cpu_memory, to_memory_format
 
     retain_freed_cpu_memory()
     models = {arm: _train_model(*arm) for arm in TRAIN_ARMS}
@@ -256,7 +256,7 @@ def render_train(memory: list[dict], times: dict[str, list[float]], rounds: int)
         f"Command: `{COMMAND}`. A step is forward + backward of the autoencoder alone (posterior sample, L1 + KL; "
         f"channels_last). Time: the three arms alternated {rounds} times in one process after a warm-up step each "
         "(retained allocator), median. Memory: one fresh process per arm, the resident-set high-water mark of its "
-        "first step with malloc's defaults (`loopcore.memory`) and the rise over the resident size before the "
+        "first step with malloc's defaults (`looprun.memory`) and the rise over the resident size before the "
         f"step (activations, gradients, workspace: what checkpointing acts on). Machine: {machine()}.", "",
         "| model | per-pass checkpointing | ms / step (median) | per-round ms | peak RSS (MiB) "
         "| rise during the step (MiB) |",

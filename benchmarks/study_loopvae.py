@@ -39,9 +39,9 @@ from typing import Any
 import torch
 
 import loopdata
-from loopcore.checkpoint import sha256_file
 from loopcore.flops import count_macs, count_parameters
-from loopcore.release import WEIGHTS_NAME, release_weights_file
+from looprun.checkpoint import sha256_file
+from looprun.release import WEIGHTS_NAME, release_weights_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from study_vae_data import StudyData, prepare_study_data  # noqa: E402

@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-# The command lines default to retaining freed CPU memory (loopcore.speed), a process-wide and irreversible
+# The command lines default to retaining freed CPU memory (looprun.speed), a process-wide and irreversible
 # glibc setting. Tests call them in-process and several measure peak resident memory, so the suite keeps
 # malloc's defaults; tests/core/test_speed.py exercises the retained allocator in subprocesses.
 os.environ["LOOPVISION_CPU_ALLOCATOR"] = "system"

@@ -265,7 +265,7 @@ def test_weight_decay_groups_follow_deit() -> None:
 
 
 def test_save_load_round_trip_is_exact(tmp_path) -> None:
-    from loopcore.release import save_release
+    from looprun.release import save_release
 
     model = randomize_heads_(tiny("srvit-s", depth=2, recursion=3))
     x = images()

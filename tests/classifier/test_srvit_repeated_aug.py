@@ -9,8 +9,8 @@ import torch
 from loopdata_helpers import jpeg, write_shard
 
 import loopdata
-from loopcore.config import ConfigError
 from loopdata.repeated import RepeatedAugDataset, repeat_each
+from looprun.config import ConfigError
 from srvit.train_config import list_presets, load_train_config
 from srvit.trainer import Trainer
 

@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import srvit
-from loopcore.checkpoint import CheckpointManager
-from loopcore.config import ConfigError
+from looprun.checkpoint import CheckpointManager
+from looprun.config import ConfigError
 from srvit.train_config import list_presets, load_train_config
 from srvit.trainer import classification_loss, soft_target_cross_entropy, train
 

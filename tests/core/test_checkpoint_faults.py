@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import loopcore.checkpoint as checkpoint_module
-from loopcore.checkpoint import CheckpointManager, CheckpointSaveError, CorruptCheckpointError
-from loopcore.run_lock import RunLock, RunLockedError
+import looprun.checkpoint as checkpoint_module
+from looprun.checkpoint import CheckpointManager, CheckpointSaveError, CorruptCheckpointError
+from looprun.run_lock import RunLock, RunLockedError
 
 
 def _state(step: int) -> dict:
@@ -106,7 +106,7 @@ def test_metadata_is_written_durably_and_lists_format_step_and_files(tmp_path: P
 
 def test_a_second_process_cannot_take_the_run_lock_and_a_killed_holder_releases_it(tmp_path: Path) -> None:
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from loopcore.run_lock import RunLock; "
+        [sys.executable, "-c", "import sys, time; from looprun.run_lock import RunLock; "
          f"lock = RunLock({str(tmp_path)!r}); print('locked', flush=True); time.sleep(60)"],
         stdout=subprocess.PIPE, text=True,
     )

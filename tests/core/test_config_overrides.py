@@ -5,7 +5,7 @@ from typing import Any
 
 import pytest
 
-from loopcore.config import ConfigError, apply_updates, parse_overrides
+from looprun.config import ConfigError, apply_updates, parse_overrides
 from loopvae.cli import build_parser as loopvae_parser
 from srvit.cli import build_parser as srvit_parser
 

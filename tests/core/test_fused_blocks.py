@@ -10,7 +10,7 @@ import torch
 
 import loopcore as lc
 from loopcore.flops import count_macs, count_parameters
-from loopcore.speed import prepare_for_speed, to_memory_format
+from looprun.speed import prepare_for_speed, to_memory_format
 from loopvae import create_model
 from lv_testing import randomize_
 

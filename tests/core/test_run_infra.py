@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from loopcore.checkpoint import CheckpointManager, CorruptCheckpointError
-from loopcore.config import ConfigError, apply_updates, parse_overrides, resolve_config, save_config
-from loopcore.ema import EMA
 from loopcore.flops import count_macs
-from loopcore.schedule import lr_factor, make_scheduler
+from looprun.checkpoint import CheckpointManager, CorruptCheckpointError
+from looprun.config import ConfigError, apply_updates, parse_overrides, resolve_config, save_config
+from looprun.ema import EMA
+from looprun.schedule import lr_factor, make_scheduler
 
 
 @dataclasses.dataclass

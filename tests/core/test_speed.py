@@ -1,4 +1,4 @@
-"""The speed switches of loopcore.speed: torch.compile agrees with eager, the retained CPU allocator really stops
+"""The speed switches of looprun.speed: torch.compile agrees with eager, the retained CPU allocator really stops
 page-faulting on reused memory, and the command lines expose the flags."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 
 import loopvae
 import srvit
-from loopcore.speed import MEMORY_FORMATS, compile_in_place, memory_format, prepare_for_speed, to_memory_format
+from looprun.speed import MEMORY_FORMATS, compile_in_place, memory_format, prepare_for_speed, to_memory_format
 from loopvae import cli as loopvae_cli
 from lv_testing import randomize_
 from srvit import cli as srvit_cli
@@ -59,7 +59,7 @@ def test_memory_format_names_are_checked() -> None:
 
 _FAULTS = textwrap.dedent("""
     import resource, sys, torch
-    from loopcore.speed import apply_cpu_allocator
+    from looprun.speed import apply_cpu_allocator
     print(apply_cpu_allocator(sys.argv[1]))
     def faults():
         return resource.getrusage(resource.RUSAGE_SELF).ru_minflt

@@ -8,8 +8,8 @@ import torch
 
 import loopdata
 import loopvae
-from loopcore.checkpoint import sha256_file
-from loopcore.release import WEIGHTS_NAME
+from looprun.checkpoint import sha256_file
+from looprun.release import WEIGHTS_NAME
 from loopvae import LoopVAE
 from loopvae.demo import bundled_model_dir
 from loopvae.intervene import run_interventions

@@ -3,8 +3,8 @@
 import json
 from pathlib import Path
 
-from loopcore.checkpoint import sha256_file
-from loopcore.release import WEIGHTS_NAME
+from looprun.checkpoint import sha256_file
+from looprun.release import WEIGHTS_NAME
 from loopvae.demo import TIMED_MODELS, bundled_model_dir, run_demo
 
 

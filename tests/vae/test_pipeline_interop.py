@@ -19,8 +19,8 @@ from diffusers import (
 from PIL import Image
 
 import loopvae
-from loopcore.checkpoint import sha256_file
-from loopcore.release import LEGACY_WEIGHTS_NAME, WEIGHTS_NAME, save_release
+from looprun.checkpoint import sha256_file
+from looprun.release import LEGACY_WEIGHTS_NAME, WEIGHTS_NAME, save_release
 from loopvae import LoopVAE
 from lv_testing import randomize_
 

@@ -79,7 +79,7 @@ def _drop_shortcuts_key(folder: Path) -> None:
 
 @pytest.mark.parametrize("layout", ["diffusers", "release"])
 def test_a_config_without_the_key_loads_with_its_old_shortcuts(tmp_path: Path, layout: str) -> None:
-    from loopcore.release import save_release
+    from looprun.release import save_release
 
     torch.manual_seed(0)
     old = loopvae.create_model("loopvae-cnn-tiny", shortcuts=True).eval()

@@ -58,7 +58,7 @@ def test_tiled_768x512_matches_untiled_decode_and_encode() -> None:
 
 PEAK_SCRIPT = """
 import json, sys, torch, loopvae
-from loopcore.memory import track_peak_memory
+from looprun.memory import track_peak_memory
 torch.manual_seed(0)
 vae = loopvae.create_model("loopvae-cnn-tiny").eval()
 if sys.argv[1] == "tiled":
@@ -71,7 +71,7 @@ print(json.dumps({"peak_mib": peak.peak_mib}))
 
 
 def test_tiled_decode_uses_less_peak_memory() -> None:
-    from loopcore.memory import cpu_peak_tracking_available
+    from looprun.memory import cpu_peak_tracking_available
 
     if not cpu_peak_tracking_available():
         pytest.skip("CPU peak-memory tracking needs a writable /proc/self/clear_refs (Linux)")

@@ -12,7 +12,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from loopcore.checkpoint import CheckpointManager
+from looprun.checkpoint import CheckpointManager
 from loopvae import LoopVAE
 from loopvae import create_model as loopvae_create
 from loopvae.loading import load_artifact

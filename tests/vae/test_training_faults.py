@@ -15,10 +15,10 @@ import torch
 import yaml
 from loopdata_helpers import jpeg, write_shard
 
-import loopcore.checkpoint as checkpoint_module
-from loopcore.checkpoint import CheckpointManager, CheckpointSaveError
-from loopcore.config import ConfigError
-from loopcore.run_lock import RunLockedError
+import looprun.checkpoint as checkpoint_module
+from looprun.checkpoint import CheckpointManager, CheckpointSaveError
+from looprun.config import ConfigError
+from looprun.run_lock import RunLockedError
 from loopvae.train_config import load_train_config
 from loopvae.trainer import NonFiniteLossError, Trainer, train
 from lv_testing import FAST, data_urls

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from loopcore.cli_errors import non_negative_int, positive_int
-from loopcore.config import add_override_argument
-from loopcore.speed import add_speed_arguments, apply_speed_arguments
+from looprun.cli_errors import non_negative_int, positive_int
+from looprun.config import add_override_argument
+from looprun.speed import add_speed_arguments, apply_speed_arguments
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
@@ -39,7 +39,7 @@ def _train(args: argparse.Namespace) -> int:
         print(f"srvit train: {err}", file=sys.stderr)
         return 3
     finally:
-        from loopcore.distributed import shutdown_distributed
+        from looprun.distributed import shutdown_distributed
 
         shutdown_distributed()
     if result.stopped_by:
@@ -97,7 +97,7 @@ def _eval(args: argparse.Namespace) -> int:
     try:
         metrics = evaluate(args.checkpoint, args.data, args.out, options)
     finally:
-        from loopcore.distributed import shutdown_distributed
+        from looprun.distributed import shutdown_distributed
 
         shutdown_distributed()
     by_steps = ", ".join(f"{k}: {100 * v:.2f}%" for k, v in metrics["by_steps"].items())
@@ -117,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from loopcore.cli_errors import run_command
+    from looprun.cli_errors import run_command
 
     def command() -> int:
         apply_speed_arguments(args)

@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 
 import loopdata
-from loopcore.checkpoint import write_atomic
-from loopcore.distributed import gather_objects, init_distributed, sum_across_ranks
-from loopcore.speed import compile_in_place
+from looprun.checkpoint import write_atomic
+from looprun.distributed import gather_objects, init_distributed, sum_across_ranks
+from looprun.speed import compile_in_place
 
 from .loading import load_classifier
 from .model import RecursiveViT

@@ -43,7 +43,7 @@ from diffusers.models.modeling_utils import ModelMixin
 from torch import nn
 
 import loopcore as lc
-from loopcore.release import ReleaseLoadingMixin
+from looprun.release import ReleaseLoadingMixin
 
 
 class PatchEmbed(nn.Module):
@@ -151,27 +151,29 @@ class RecursiveViT(ReleaseLoadingMixin, ModelMixin, ConfigMixin):
         engine = lc.LoopedCore(
             lambda: lc.PreNormBlock(embed_dim, num_heads, mlp_ratio, qkv_bias), num_blocks=1,
             loops=[recursion] * depth, dim=embed_dim, sharing="global" if depth == 1 else "scale",
-            channels_last=True, fusion=fusion if recursion > 1 else None, conditioning=False, injection=False,
-            solver=self.solver, block_call=self._call_block,
+            channels_last=True, conditioning=False, injection=False, solver=self.solver, block_call=self._call_block,
         )
         # The engine owns no parameters of its own here, so it is held unregistered and its blocks and routers
         # are registered on this model: parameter names stay timm's `blocks.i.*` (the DeiT state-dict recipe
         # and released weights rely on them) and the routers stay `fusions.i.*`.
         self.__dict__["engine"] = engine
         self.blocks = engine.blocks
-        self.fusions = engine.fusions
         self.step_embedding = nn.Embedding(recursion, embed_dim) if loop_embedding else None
         self.norm = nn.LayerNorm(embed_dim, eps=1e-6)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
         self._init_weights()
+        # Routers are drawn last (after the ViT init), so a seed gives the same trunk and head with or without
+        # them; they exist only where several passes are fused: R = 1 has exactly the ViT's parameters.
+        if recursion > 1:
+            engine.add_fusion(fusion, embed_dim)
+        self.fusions = engine.fusions
 
     def _init_weights(self) -> None:
         # timm's ViT init: truncated-normal(0.02) linears and position embedding, tiny class token.
         nn.init.trunc_normal_(self.pos_embed, std=0.02)
         nn.init.normal_(self.cls_token, std=1e-6)
-        routers = set(self.fusions.modules()) if self.fusions is not None else set()
         for module in self.modules():
-            if isinstance(module, nn.Linear) and module not in routers:  # routers keep SoftMoR's own init
+            if isinstance(module, nn.Linear):
                 nn.init.trunc_normal_(module.weight, std=0.02)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loopcore.config import ConfigError, resolve_config
+from looprun.config import ConfigError, resolve_config
 
 PRESETS_DIR = Path(__file__).parent / "configs"
 

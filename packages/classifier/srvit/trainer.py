@@ -23,13 +23,13 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import loopdata
-from loopcore.ema import EMA
 from loopcore.flops import count_parameters
-from loopcore.run_logger import RunLogger
-from loopcore.schedule import make_scheduler
 from loopcore.softmor import fusion_entropy
-from loopcore.training_loop import NonFiniteLossError, TrainingLoop, TrainResult
 from loopdata.shards import canonical_urls
+from looprun.ema import EMA
+from looprun.run_logger import RunLogger
+from looprun.schedule import make_scheduler
+from looprun.training_loop import NonFiniteLossError, TrainingLoop, TrainResult
 
 from .evaluate import evaluate_model
 from .model import RecursiveViT
@@ -94,7 +94,7 @@ class SupervisedForward(nn.Module):
 
 
 class Trainer(TrainingLoop):
-    """Owns every piece of training state; :meth:`run` runs :class:`loopcore.training_loop.TrainingLoop`."""
+    """Owns every piece of training state; :meth:`run` runs :class:`looprun.training_loop.TrainingLoop`."""
 
     def __init__(
         self, config: TrainConfig, data: str | list[str], out_dir: str | Path, val_data: str | list[str] | None = None

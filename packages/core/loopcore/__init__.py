@@ -4,8 +4,9 @@ Main pieces: :class:`ScaleLoopEmbedding` (``c = e_s + e_t``), :class:`ModulatedB
 with :class:`ConvOperator` or :class:`AttentionOperator`, :class:`LoopedCore` (K stored blocks,
 per-scale loops, sharing rules, gated injection, hooks, per-pass checkpointing),
 :class:`SoftMoRFusion`, the ODE steppers in :mod:`loopcore.ode` and the pre-norm ViT block
-:class:`PreNormBlock` that the recursive classifiers reuse; plus the shared run infrastructure
-(config, distributed, checkpoints, EMA, schedules, logging, release artifacts).
+:class:`PreNormBlock` that the recursive classifiers reuse (SR-ViT and bViT run on :class:`LoopedCore` too).
+Model code only: the run infrastructure (config, checkpoints, distributed, EMA, logging, release
+artifacts) is :mod:`looprun`.
 """
 
 from .attention import Attention, AttentionOperator, Mlp

@@ -117,7 +117,6 @@ class LoopedCore(nn.Module):
         self.sharing = sharing
         self.channels_last = channels_last
         self.window_sizes = list(window_sizes) if window_sizes is not None else [None] * len(loops)
-        self.fusion_mode = fusion
         self.solver = solver
         self.block_call = block_call
         self.gradient_checkpointing = False
@@ -132,10 +131,26 @@ class LoopedCore(nn.Module):
         self.injections = nn.ModuleDict({str(s): proj() for s in injected})
         self.injection_gates = nn.ParameterDict({str(s): nn.Parameter(torch.zeros(())) for s in injected})
         self.fusions = None
+        self.fusion_mode = None
         if fusion is not None:
-            self.fusions = nn.ModuleDict(
-                {str(s): SoftMoRFusion(dim, n, fusion, channels_last) for s, n in enumerate(loops) if n > 1}
-            )
+            self.add_fusion(fusion, dim)
+
+    def add_fusion(self, mode: str, dim: int) -> None:
+        """Create the SoftMoR routers (``mode``) of every stage with more than one pass; once, before training.
+
+        The constructor calls it for ``fusion=...``; a model that must draw its routers' initial weights after
+        its other parameters (to keep a seeded initialisation stable) builds the core without and calls it.
+        """
+        if self.fusions is not None:
+            raise RuntimeError(f"this core already fuses with {self.fusion_mode!r}")
+        if mode == "last":
+            return
+        if mode not in FUSION_MODES:
+            raise ValueError(f"unknown fusion {mode!r}; choose None or one of {FUSION_MODES}")
+        self.fusion_mode = mode
+        self.fusions = nn.ModuleDict(
+            {str(s): SoftMoRFusion(dim, n, mode, self.channels_last) for s, n in enumerate(self.loops) if n > 1}
+        )
 
     # -- structure -----------------------------------------------------------------------------
     @property

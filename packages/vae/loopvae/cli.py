@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from loopcore.cli_errors import non_negative_int, positive_int
-from loopcore.config import add_override_argument
-from loopcore.speed import add_speed_arguments, apply_speed_arguments
+from looprun.cli_errors import non_negative_int, positive_int
+from looprun.config import add_override_argument
+from looprun.speed import add_speed_arguments, apply_speed_arguments
 
 DATA_HELP = ("WebDataset shards (brace pattern, glob, directory of *.tar, comma-separated list) or a folder of "
              "image files (read recursively, sorted)")
@@ -47,7 +47,7 @@ def _train(args: argparse.Namespace) -> int:
         print(f"loopvae train: {err}", file=sys.stderr)
         return 3
     finally:
-        from loopcore.distributed import shutdown_distributed
+        from looprun.distributed import shutdown_distributed
 
         shutdown_distributed()
     if result.stopped_by:
@@ -232,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from loopcore.cli_errors import run_command
+    from looprun.cli_errors import run_command
 
     def command() -> int:
         apply_speed_arguments(args)

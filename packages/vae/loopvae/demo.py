@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 import loopdata
-from loopcore.release import WEIGHTS_NAME
 from loopdata.assets import repo_root
+from looprun.release import WEIGHTS_NAME
 
 from .evaluate import EvalOptions, evaluate
 from .intervene import intervene

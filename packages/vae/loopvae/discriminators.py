@@ -92,7 +92,7 @@ class DinoDiscriminator(nn.Module):
                     f"or the original dinov2_vits14 .pth); got {weights_path!r}. Pass dino_weights=PATH; "
                     f"no download is attempted."
                 )
-            from loopcore.checkpoint import sha256_file
+            from looprun.checkpoint import sha256_file
 
             backbone = timm.create_model(
                 "vit_small_patch14_dinov2", pretrained=True,

@@ -19,8 +19,9 @@ from PIL import Image
 from tqdm import tqdm
 
 import loopdata
-from loopcore.checkpoint import write_atomic
-from loopcore.distributed import (
+from loopdata.keys import path_for_key
+from looprun.checkpoint import write_atomic
+from looprun.distributed import (
     DistributedContext,
     RemoteRankError,
     any_rank,
@@ -30,9 +31,8 @@ from loopcore.distributed import (
     reported_failure,
     sum_across_ranks,
 )
-from loopcore.run_logger import setup_run_logging, teardown_run_logging
-from loopcore.speed import prepare_for_speed, to_memory_format
-from loopdata.keys import path_for_key
+from looprun.run_logger import setup_run_logging, teardown_run_logging
+from looprun.speed import prepare_for_speed, to_memory_format
 
 from .loading import LoadedTokenizer, load_tokenizer
 from .metrics import bicubic_baseline, build_fid, psnr_per_image, ssim_per_image, to_uint8
@@ -60,7 +60,7 @@ class EvalOptions:
     weights: str = "ema"  # for training run directories: "ema" or "model"
     dtype: str = "fp32"  # "fp32" or "bf16": the tokenizer's compute dtype (metrics are always float64)
     progress: bool = True  # a progress bar on stderr (rank 0)
-    memory_format: str = "contiguous"  # or "channels_last" (faster convolutions; see loopcore.speed)
+    memory_format: str = "contiguous"  # or "channels_last" (faster convolutions; see looprun.speed)
     compile: bool = False  # torch.compile the tokenizer (first batch compiles)
 
 
@@ -282,7 +282,7 @@ def _mean(rows: list[dict[str, Any]], key: str) -> float:
 
 def _summarise(rows, rfid, fid_reason, loaded, lpips_model, fid_path, options, data, baseline_size,
                lpips_reason=None) -> dict[str, Any]:
-    from loopcore.checkpoint import sha256_file
+    from looprun.checkpoint import sha256_file
 
     weights = {f"model/{k}": v for k, v in loaded.weights_sha256.items()}
     if lpips_model is not None and lpips_model.weights_sha256:

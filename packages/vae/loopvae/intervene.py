@@ -22,9 +22,9 @@ from tqdm import tqdm
 
 import loopcore as lc
 import loopdata
-from loopcore.checkpoint import write_atomic
-from loopcore.run_logger import setup_run_logging, teardown_run_logging
-from loopcore.speed import prepare_for_speed, to_memory_format
+from looprun.checkpoint import write_atomic
+from looprun.run_logger import setup_run_logging, teardown_run_logging
+from looprun.speed import prepare_for_speed, to_memory_format
 
 from .loading import load_tokenizer
 from .metrics import range_statistics
@@ -195,7 +195,7 @@ def intervene(
 
     ``weights`` picks ``ema`` or ``model`` weights of a training run directory; ``dtype`` (``fp32`` or
     ``bf16``) the model's compute dtype (metrics stay float64); ``memory_format`` the torch layout the
-    model runs in (see :mod:`loopcore.speed`).
+    model runs in (see :mod:`looprun.speed`).
     """
     from .evaluate import to_compute
 

@@ -25,8 +25,8 @@ import torch
 from tqdm import tqdm
 
 import loopdata
-from loopcore.checkpoint import write_atomic
-from loopcore.release import resolve_artifact
+from looprun.checkpoint import write_atomic
+from looprun.release import resolve_artifact
 
 from .loading import load_tokenizer
 

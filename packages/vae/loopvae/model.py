@@ -27,7 +27,7 @@ from diffusers.models.modeling_utils import ModelMixin
 from torch import nn
 
 import loopcore as lc
-from loopcore.release import ReleaseLoadingMixin
+from looprun.release import ReleaseLoadingMixin
 
 from .layers import Downsample, LatentProjection, OutputHead, PosteriorHead, Stem, Upsample
 from .tiling import tiled_apply

@@ -71,7 +71,7 @@ class PerceptualLoss(nn.Module):
         self.eval()
 
     def _load_backbone(self, path: Path) -> None:
-        from loopcore.checkpoint import sha256_file
+        from looprun.checkpoint import sha256_file
 
         state = torch.load(path, map_location="cpu", weights_only=True)
         target = {}

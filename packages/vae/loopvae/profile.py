@@ -18,9 +18,9 @@ from typing import Any
 import torch
 
 from loopcore.flops import count_macs, count_parameters
-from loopcore.memory import track_peak_memory
 from loopcore.modulation import set_fused_blocks
-from loopcore.speed import compile_in_place, prepare_for_speed, to_memory_format
+from looprun.memory import track_peak_memory
+from looprun.speed import compile_in_place, prepare_for_speed, to_memory_format
 
 from .model import LoopVAE
 from .registry import create_model
@@ -113,7 +113,7 @@ def profile_model(
     plain_blocks: bool = False,
 ) -> list[dict[str, Any]]:
     """``profile.json`` rows of one model (see module docstring): the eager row, plus a compiled row when
-    ``compile`` (the same weights and input after :func:`loopcore.speed.compile_in_place`; its warm-up
+    ``compile`` (the same weights and input after :func:`looprun.speed.compile_in_place`; its warm-up
     includes the compilation, so it gets at least one warm-up call). ``plain_blocks`` times the looped
     cores' blocks with the plain adaLN-Zero formula instead of the fused one (what the fusion buys)."""
     params, macs = count_model(name, resolution)

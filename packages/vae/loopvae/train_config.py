@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loopcore.config import ConfigError, resolve_config
+from looprun.config import ConfigError, resolve_config
 
 PRESETS_DIR = Path(__file__).parent / "configs"
 
@@ -39,7 +39,7 @@ class TrainConfig:
     ema_decay: float = 0.9999
     precision: str = "bf16"  # bf16 autocast on CUDA; CPU runs fp32
     gradient_checkpointing: bool = False
-    channels_last: bool = True  # torch.channels_last activations: faster convolutions and 1x1-as-GEMM (loopcore.speed)
+    channels_last: bool = True  # torch.channels_last activations: faster convolutions and 1x1-as-GEMM (looprun.speed)
     compile: bool = False  # torch.compile the training step's forward (loopvae train --compile)
     device: str = "auto"
     seed: int = 0

@@ -20,14 +20,14 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import loopdata
-from loopcore.distributed import average_gradients
-from loopcore.ema import EMA
 from loopcore.flops import count_macs
-from loopcore.release import resolve_artifact
-from loopcore.run_logger import RunLogger
-from loopcore.schedule import make_scheduler
-from loopcore.training_loop import NonFiniteLossError, TrainingLoop, TrainResult
 from loopdata.shards import canonical_urls
+from looprun.distributed import average_gradients
+from looprun.ema import EMA
+from looprun.release import resolve_artifact
+from looprun.run_logger import RunLogger
+from looprun.schedule import make_scheduler
+from looprun.training_loop import NonFiniteLossError, TrainingLoop, TrainResult
 
 from .diffaugment import diff_augment
 from .discriminators import build_discriminator, r1_penalty
@@ -146,7 +146,7 @@ def last_layer(vae: LoopVAE | AutoencoderKL) -> torch.Tensor:
 
 
 class Trainer(TrainingLoop):
-    """Owns every piece of training state; :meth:`run` runs :class:`loopcore.training_loop.TrainingLoop`."""
+    """Owns every piece of training state; :meth:`run` runs :class:`looprun.training_loop.TrainingLoop`."""
 
     def __init__(self, config: TrainConfig, data: str | list[str], out_dir: str | Path) -> None:
         super().__init__(config.validate(), out_dir, "loopvae")

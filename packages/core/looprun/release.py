@@ -15,13 +15,25 @@ import inspect
 import json
 import os
 import shutil
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
 
-from loopcore.checkpoint import CheckpointSaveError, fsync_dir, sha256_file, write_durable
+from loopdata.errors import one_line
+from looprun.checkpoint import (
+    CheckpointManager,
+    CheckpointSaveError,
+    check_weight_choice,
+    fsync_dir,
+    load_run_checkpoint,
+    model_weights,
+    sha256_file,
+    write_durable,
+)
 
 WEIGHTS_NAME = "diffusion_pytorch_model.safetensors"  # diffusers' SAFETENSORS_WEIGHTS_NAME
 LEGACY_WEIGHTS_NAME = "model.safetensors"  # releases written before the diffusers layout
@@ -83,7 +95,7 @@ def save_release(
 
     Written to a temporary folder (every file fsynced), then swapped in: the old release, if any, is moved
     aside and deleted only after the new one is in place. A failed write raises
-    :class:`loopcore.checkpoint.CheckpointSaveError` and leaves the old release as it was.
+    :class:`looprun.checkpoint.CheckpointSaveError` and leaves the old release as it was.
     """
     directory = Path(directory)
     tmp = directory.with_name(f".tmp-{directory.name}-{os.getpid()}")
@@ -231,3 +243,96 @@ class ReleaseLoadingMixin:
     @classmethod
     def _from_release(cls, path: Path, torch_dtype: torch.dtype | None):
         return load_release(cls, path, torch_dtype)
+
+
+@dataclass
+class LoadedArtifact:
+    """A model loaded by :func:`load_artifact` (eval mode) and where it came from.
+
+    ``kind``: ``release`` (a folder with ``release.json``), ``diffusers`` (a ``save_pretrained`` folder) or
+    ``run-checkpoint``; ``weights``: ``ema`` / ``model`` for run checkpoints, what ``release.json`` says for
+    releases (``release`` when it says nothing); ``weights_sha256``: ``{file name: sha256}`` of what was read;
+    ``info``: the parsed ``release.json`` (empty otherwise); ``run_dir``: the training run the weights come
+    from, when known (a run checkpoint's run, or the parent of a run's ``release/``).
+    """
+
+    model: torch.nn.Module
+    source: str
+    kind: str
+    weights: str
+    weights_sha256: dict[str, str] = field(default_factory=dict)
+    step: int | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+    run_dir: Path | None = None
+
+
+def _weight_files(folder: Path) -> list[Path]:
+    names = (WEIGHTS_NAME, LEGACY_WEIGHTS_NAME, "diffusion_pytorch_model.bin")
+    return [folder / n for n in names if (folder / n).is_file()]
+
+
+def _load_folder(cls: type, path: Path, torch_dtype: torch.dtype | None) -> torch.nn.Module:
+    """``cls`` from a release or diffusers folder: its own ``from_pretrained`` when it reads releases
+    (:class:`ReleaseLoadingMixin`), else our strict release loader or diffusers' for plain folders."""
+    if issubclass(cls, ReleaseLoadingMixin):
+        return cls.from_pretrained(path, torch_dtype=torch_dtype)
+    if release_weights_file(path) is not None:
+        return load_release(cls, path, torch_dtype)
+    return cls.from_pretrained(path, local_files_only=True, low_cpu_mem_usage=False, torch_dtype=torch_dtype)
+
+
+def load_artifact(
+    path: str | Path, cls: type | Sequence[type], build_from_run: Callable[[Path], torch.nn.Module] | None = None,
+    weights: str = "ema", torch_dtype: torch.dtype | None = None, what: str = "model",
+) -> LoadedArtifact:
+    """Load the model ``path`` names: a release folder, a diffusers folder, or a training run directory.
+
+    Args:
+        path: a folder with ``config.json`` + weights (``diffusion_pytorch_model.safetensors``, a legacy
+            ``model.safetensors`` or diffusers' ``.bin``), or a run directory (``config.yaml`` +
+            ``checkpoints/``; its newest valid checkpoint).
+        cls: the model class(es) accepted, chosen by the folder's ``_class_name``.
+        build_from_run: ``run_dir -> untrained model`` as the run's ``config.yaml`` describes it (needed for
+            run directories; the package knows its config schema).
+        weights: for run directories: ``ema`` (default) or ``model`` (the raw training weights).
+        torch_dtype: dtype to load folders in (default: as stored).
+        what: the package's word for the model in error messages (``tokenizer``, ``classifier``).
+
+    Raises ``ValueError`` (unreadable or mismatched files, another ``_class_name``) and
+    ``FileNotFoundError`` (nothing loadable at ``path``), each naming the file and what to do.
+    """
+    path = Path(path)
+    check_weight_choice(weights)
+    classes = {c.__name__: c for c in ([cls] if isinstance(cls, type) else cls)}
+    if (path / "config.json").is_file():
+        try:
+            class_name = artifact_class_name(path)
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise ValueError(f"{path / 'config.json'} is not valid JSON ({err})") from None
+        if class_name not in classes:
+            raise ValueError(f"{path / 'config.json'}: _class_name is {class_name!r}, not a {what} "
+                             f"({' or '.join(classes)}); point at a {what} artifact")
+        files = _weight_files(path)
+        if not files:
+            raise FileNotFoundError(f"{path} has a config.json but no {WEIGHTS_NAME} (or {LEGACY_WEIGHTS_NAME})")
+        try:
+            model = _load_folder(classes[class_name], path, torch_dtype)
+        except (OSError, RuntimeError, TypeError) as err:  # diffusers' errors for unreadable weights / configs
+            raise ValueError(f"cannot load the {class_name} in {path}: {one_line(err)}") from err
+        info = json.loads((path / "release.json").read_text()) if (path / "release.json").is_file() else {}
+        parent = path.parent if (path.parent / "config.yaml").is_file() else None
+        return LoadedArtifact(model.eval(), str(path), "release" if info else "diffusers",
+                              info.get("weights", "release"), {f.name: sha256_file(f) for f in files},
+                              info.get("step"), info, parent)
+    if (path / "config.yaml").is_file() and CheckpointManager(path / "checkpoints").list_checkpoints():
+        if build_from_run is None:
+            raise ValueError(f"{path} is a training run directory; pass its release/ folder instead")
+        loaded, digests = load_run_checkpoint(path)
+        model = build_from_run(path)
+        model.load_state_dict(model_weights(loaded, weights))
+        return LoadedArtifact(model.eval(), str(loaded.path), "run-checkpoint", weights, digests, loaded.step,
+                              {}, path)
+    raise FileNotFoundError(
+        f"{path} is neither a {what} release artifact (config.json + {WEIGHTS_NAME}) nor a training run directory "
+        f"with config.yaml and checkpoints/; pass the --out directory of a training run or its release/ folder"
+    )

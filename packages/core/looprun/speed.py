@@ -27,7 +27,7 @@ import os
 import torch
 from torch import nn
 
-log = logging.getLogger("loopcore.speed")
+log = logging.getLogger("looprun.speed")
 
 MEMORY_FORMATS: dict[str, torch.memory_format] = {
     "contiguous": torch.contiguous_format,

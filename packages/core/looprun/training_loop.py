@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import nn
@@ -44,6 +44,32 @@ RESUMABLE_CHANGES = frozenset(
     {"max_steps", "epochs", "checkpoint_every", "keep_checkpoints", "log_every", "image_every", "eval_every",
      "progress_bar", "compile"}
 )
+
+
+@runtime_checkable
+class TrainingLoader(Protocol):
+    """What :class:`TrainingLoop` needs from ``self.loader`` (``loopdata.make_loader(..., train=True)`` is one).
+
+    One iteration is one epoch of this rank's batches (dicts holding at least ``"image"``); after it ends the
+    loader has moved itself to the next epoch. ``state_dict`` / ``load_state_dict`` carry the data position
+    into checkpoints, so a resumed run continues with the batch an uninterrupted one would have drawn.
+    """
+
+    num_samples: int  # samples this rank reads per epoch
+    corrupt_count: int  # undecodable samples skipped so far (all epochs)
+    epoch_corrupt: list[str]  # keys of the undecodable samples found in the epoch that just ended
+
+    def __iter__(self) -> Iterator[dict[str, Any]]: ...
+
+    def __len__(self) -> int: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def exclude_corrupt(self, keys: list[str]) -> None:
+        """Leave ``keys`` (summed over ranks) out of the next epochs' plans."""
+        ...
 
 
 class NonFiniteLossError(RuntimeError):
@@ -124,7 +150,7 @@ class TrainingLoop:
         self.checkpoints.recover()
         self.step = 0
         self.resumed_from: Path | None = None
-        self.loader: Any = None  # set by the subclass before resume()
+        self.loader: TrainingLoader | None = None  # set by the subclass before resume()
         self.data_spec: list[str] | None = None  # the shards trained on (set by the subclass), checked on resume
 
     @contextmanager
