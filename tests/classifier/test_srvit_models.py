@@ -330,3 +330,36 @@ def test_recorded_fusion_weights_are_the_forwards_own_and_their_entropy_is_logge
     with plain.record_fusion_weights() as none:
         plain(x)
     assert none == []
+
+
+# Exact counted parameters of every registered model at its defaults (1000 classes, 224², 16² patches; srvit at
+# R = 4 with the query router), next to the paper figures (test_parameter_counts_match_the_papers_on_meta).
+COUNTED = {
+    "bvit-b": 8_601_064, "bvit-s": 2_531_560, "bvit-ti": 823_912, "srvit-b": 93_673_240, "srvit-s": 23_834_008,
+    "srvit-ti": 6_166_744, "vit-b": 86_567_656, "vit-s": 22_050_664, "vit-ti": 5_717_416,
+}
+
+
+def test_every_registered_model_has_its_counted_parameters() -> None:
+    assert sorted(COUNTED) == srvit.list_models()
+    for name, count in COUNTED.items():
+        with torch.device("meta"):
+            model = srvit.create_model(name)
+        assert count_parameters(model) == count, name
+
+
+@pytest.mark.parametrize("name", srvit.list_models())
+def test_every_registered_model_trains_at_tiny_size(name: str) -> None:
+    """Forward and backward of a tiny copy (deep supervision on, drop path on): finite, every parameter used."""
+    torch.manual_seed(0)
+    depth = {} if name.startswith("bvit") else {"depth": 2}
+    model = srvit.create_model(name, **{**TINY, **depth, "drop_path_rate": 0.1, "deep_supervision_every": 1}).train()
+    randomize_heads_(model)
+    logits = model.forward_supervised(images(2))
+    assert all(out.shape == (2, 7) for out in logits)
+    loss = sum(torch.nn.functional.cross_entropy(out, torch.tensor([1, 4])) for out in logits)
+    loss.backward()
+    assert torch.isfinite(loss)
+    unused = [n for n, p in model.named_parameters() if p.grad is None]
+    assert not unused, unused[:5]
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters()), name

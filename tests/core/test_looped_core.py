@@ -178,3 +178,45 @@ def test_bad_configuration_errors() -> None:
         lc.LoopedCore(factory, 4, LOOPS, 32, fusion="max")
     with pytest.raises(IndexError, match="scale 3 outside"):
         lc.LoopedCore(factory, 4, LOOPS, 32)(sample(), 3)
+
+
+# Which stored block serves (scale, pass, slot) for LOOPS = [1, 2, 4] and K = 4, written out by hand (not computed
+# with the formula under test): `scale` has 4 blocks per scale; `none` one block per application, in run order.
+BLOCK_TABLE = {
+    "global": {(s, t): [0, 1, 2, 3] for s, n in enumerate(LOOPS) for t in range(n)},
+    "scale": {(0, 0): [0, 1, 2, 3], (1, 0): [4, 5, 6, 7], (1, 1): [4, 5, 6, 7],
+              (2, 0): [8, 9, 10, 11], (2, 1): [8, 9, 10, 11], (2, 2): [8, 9, 10, 11], (2, 3): [8, 9, 10, 11]},
+    "none": {(0, 0): [0, 1, 2, 3], (1, 0): [4, 5, 6, 7], (1, 1): [8, 9, 10, 11], (2, 0): [12, 13, 14, 15],
+             (2, 1): [16, 17, 18, 19], (2, 2): [20, 21, 22, 23], (2, 3): [24, 25, 26, 27]},
+}
+
+
+@pytest.mark.parametrize("sharing", ["global", "scale", "none"])
+def test_block_index_follows_the_written_out_table(sharing: str) -> None:
+    core = make_core(sharing)
+    for (s, t), blocks in BLOCK_TABLE[sharing].items():
+        assert [core.block_index(s, t, k) for k in range(4)] == blocks, (s, t)
+
+
+@pytest.mark.parametrize("sharing", ["scale", "none"])
+def test_injection_at_every_scale_matches_a_longhand_from_the_table(sharing: str) -> None:
+    core, x = make_core(sharing), sample()
+    with torch.no_grad():  # every stage with a second pass injects (scale 0 has one pass and no injection)
+        for key, gate in core.injection_gates.items():
+            gate.fill_(0.3 + 0.2 * int(key))
+    assert sorted(core.injection_gates) == ["1", "2"]
+    for s, n in enumerate(LOOPS):
+        h = x
+        for t in range(n):
+            z = h if t == 0 else h + core.injection_gates[str(s)] * core.injections[str(s)](x)
+            cond = core.embedding.scale.weight[s] + core.embedding.loop.weight[t]
+            for index in BLOCK_TABLE[sharing][(s, t)]:
+                z = core.blocks[index](z, cond, window_size=None)
+            h = z
+        torch.testing.assert_close(core(x, s).output, h, rtol=1e-5, atol=1e-6)
+        if n > 1:  # the injection really changes the result
+            with torch.no_grad():
+                saved = core.injection_gates[str(s)].clone()
+                core.injection_gates[str(s)].zero_()
+                assert not torch.allclose(core(x, s).output, h, rtol=1e-4, atol=1e-5)
+                core.injection_gates[str(s)].copy_(saved)
