@@ -10,8 +10,7 @@ import torch
 from loopcore.flops import count_macs
 from looprun.checkpoint import CheckpointManager, CorruptCheckpointError
 from looprun.config import ConfigError, apply_updates, parse_overrides, resolve_config, save_config
-from looprun.ema import EMA
-from looprun.schedule import lr_factor, make_scheduler
+from looprun.optimization import EMA, lr_factor, make_scheduler
 
 
 @dataclasses.dataclass

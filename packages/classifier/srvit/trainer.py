@@ -26,9 +26,8 @@ import loopdata
 from loopcore.flops import count_parameters
 from loopcore.softmor import fusion_entropy
 from loopdata.shards import canonical_urls
-from looprun.ema import EMA
+from looprun.optimization import EMA, make_scheduler
 from looprun.run_logger import RunLogger
-from looprun.schedule import make_scheduler
 from looprun.training_loop import NonFiniteLossError, TrainingLoop, TrainResult
 
 from .evaluate import evaluate_model

@@ -9,16 +9,21 @@ Model code only: the run infrastructure (config, checkpoints, distributed, EMA, 
 artifacts) is :mod:`looprun`.
 """
 
-from .attention import Attention, AttentionOperator, Mlp
-from .blocks import attention_block, block_factory, conv_block
-from .conditioning import ScaleLoopEmbedding
+from .attention import Attention, AttentionOperator, Mlp, apply_rope_2d, rope_2d_cos_sin
 from .conv_operator import ConvOperator
 from .hooks import LoopHooks, PassRecord, relative_update
 from .looped_core import SHARING_RULES, LoopedCore, StageOutput, stored_block_count
-from .modulation import ModulatedBlock, broadcast_modulation, set_fused_blocks
+from .modulation import (
+    ModulatedBlock,
+    ScaleLoopEmbedding,
+    attention_block,
+    block_factory,
+    broadcast_modulation,
+    conv_block,
+    set_fused_blocks,
+)
 from .ode import SOLVERS, ODESolver, euler_step, heun_step, residual_field, rk4_step, supervised_steps
 from .prenorm import PreNormBlock, drop_path
-from .rope import apply_rope_2d, rope_2d_cos_sin
 from .softmor import FUSION_MODES, FusionOutput, SoftMoRFusion, fusion_entropy, router_parameter_count
 
 __all__ = [

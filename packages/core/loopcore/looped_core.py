@@ -28,8 +28,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .conditioning import ScaleLoopEmbedding
 from .hooks import LoopHooks, PassRecord, relative_update
+from .modulation import ScaleLoopEmbedding
 from .ode import ODESolver
 from .softmor import FUSION_MODES, SoftMoRFusion
 

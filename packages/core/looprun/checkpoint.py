@@ -300,7 +300,7 @@ def check_weight_choice(weights: str) -> str:
 def model_weights(loaded: LoadedCheckpoint, weights: str = "ema") -> dict[str, torch.Tensor]:
     """The model state dict inside a training checkpoint: the EMA shadow (``ema``) or the raw ``model``.
 
-    Training checkpoints hold ``state["model"]`` and ``state["ema"]`` (an :class:`looprun.ema.EMA` state,
+    Training checkpoints hold ``state["model"]`` and ``state["ema"]`` (an :class:`looprun.optimization.EMA` state,
     whose model entries carry a ``module.`` prefix next to its update counter).
     """
     check_weight_choice(weights)

@@ -23,10 +23,9 @@ import loopdata
 from loopcore.flops import count_macs
 from loopdata.shards import canonical_urls
 from looprun.distributed import average_gradients
-from looprun.ema import EMA
+from looprun.optimization import EMA, make_scheduler
 from looprun.release import resolve_artifact
 from looprun.run_logger import RunLogger
-from looprun.schedule import make_scheduler
 from looprun.training_loop import NonFiniteLossError, TrainingLoop, TrainResult
 
 from .diffaugment import diff_augment
