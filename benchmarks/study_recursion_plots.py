@@ -16,6 +16,16 @@ def _pyplot():
     return plt
 
 
+def _finish(plt, fig, axes: list, path: Path, legend_size: int = 7) -> None:
+    """Grid on every axis, a legend on the first, then save ``path`` and free the figure."""
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=legend_size)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
 def plot_all(summary: dict[str, Any], results: dict[str, dict], picks: dict[str, dict], settings: dict,
              folder: Path) -> None:
     """Write ``loss_curves``, ``fusion``, ``routers``, ``supervision``, ``solver`` and ``state_norms`` PNGs."""
@@ -46,11 +56,7 @@ def plot_losses(summary, results, picks, settings, path: Path) -> None:
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("training loss (label-smoothed CE)")
     ax.set_title("Loss curves (dashed: lower lr, dotted: higher lr; seed 0)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    _finish(plt, fig, [ax], path)
 
 
 def plot_fusion(summary, path: Path) -> None:
@@ -66,11 +72,7 @@ def plot_fusion(summary, path: Path) -> None:
     ax.set_xlabel("recursion R (every block applied R times)")
     ax.set_ylabel("CIFAR-10 top-1 (%), mean ± s.d.")
     ax.set_title("SR-ViT (half-width Ti)")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    _finish(plt, fig, [ax], path, legend_size=9)
 
 
 def plot_routers(summary, path: Path) -> None:
@@ -80,7 +82,10 @@ def plot_routers(summary, path: Path) -> None:
     fig, axes = plt.subplots(1, len(names) + 1, figsize=(4 * (len(names) + 1), 3.8), dpi=120)
     for ax, name in zip(axes, names):
         grid = [[w.mean for w in block] for block in summary[name]["router_weights"]]
-        image = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto")
+        image = ax.imshow(grid, vmin=0, vmax=max(0.5, max(map(max, grid))), cmap="viridis", aspect="auto")
+        for j, row in enumerate(grid):
+            for i, w in enumerate(row):
+                ax.text(i, j, f"{w:.2f}", ha="center", va="center", fontsize=6, color="white" if w < 0.4 else "black")
         ax.set_xticks(range(len(grid[0])), [str(i + 1) for i in range(len(grid[0]))])
         ax.set_xlabel("recursion step")
         ax.set_ylabel("block")
@@ -95,11 +100,7 @@ def plot_routers(summary, path: Path) -> None:
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("mean router entropy / ln R")
     ax.set_title("router entropy in training")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    _finish(plt, fig, [ax], path)
 
 
 def plot_horizon(summary, names: list[str], path: Path, title: str) -> None:
@@ -117,11 +118,7 @@ def plot_horizon(summary, names: list[str], path: Path, title: str) -> None:
     ax.set_xlabel("evaluation steps / training steps T")
     ax.set_ylabel("CIFAR-10 top-1 (%), mean ± s.d.")
     ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    _finish(plt, fig, [ax], path)
 
 
 def plot_norms(summary, path: Path) -> None:
@@ -139,9 +136,5 @@ def plot_norms(summary, path: Path) -> None:
     axes[1].set_ylabel("|u_t - u_(t-1)| of unit states")
     for ax in axes:
         ax.axvline(12, color="grey", ls=":", lw=1)
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7)
     fig.suptitle("bViT state growth per step (run to 4x the horizon)")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    _finish(plt, fig, list(axes), path)
