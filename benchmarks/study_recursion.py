@@ -107,6 +107,7 @@ class Settings:
     steps: int = 600
     seeds: tuple[int, ...] = (0, 1, 2)
     lr_grid: tuple[float, ...] = (5e-4, 1e-3, 2e-3)
+    max_extensions: int = 2  # a pick at the grid's edge extends the sweep by halving / doubling, at most this often
     eval_images: int | None = None  # None: all 10,000 test images
     probe_images: int = 256  # class-balanced test images for state norms and router weights
 
@@ -297,13 +298,24 @@ def pick_lr(results: list[dict[str, Any]]) -> dict[str, Any]:
     grid = sorted(r["lr"] for r in results)
     return {"lr": best["lr"], "arm": best["arm"], "losses": losses,
             "top1": {str(r["lr"]): r.get("top1") for r in results},
-            "edge": len(grid) > 1 and best["lr"] in (grid[0], grid[-1])}
+            "edge": len(grid) > 1 and best["lr"] in (grid[0], grid[-1]), "tried": grid}
+
+
+def next_lr(pick: dict[str, Any], tried: list[float], settings: Settings) -> float | None:
+    """The lr to add when ``pick`` lies at the edge of what was tried (half the smallest / twice the largest),
+    while fewer than ``settings.max_extensions`` were added; else ``None``."""
+    extensions = len(tried) - len(settings.lr_grid)
+    if not pick["edge"] or extensions >= settings.max_extensions:
+        return None
+    return min(tried) / 2 if pick["lr"] == min(tried) else max(tried) * 2
 
 
 def run_study(paths: Paths, jobs: int) -> tuple[dict[str, dict], dict[str, dict]]:
     """Run the sweep, then every arm x seed at its group's picked lr; ``(results by run name, picks by group)``.
 
     A group's main runs are queued as soon as its own sweep is done, so the workers never wait on other groups.
+    When a group's best lr is the smallest or largest tried, its sweep first extends by halving / doubling
+    (:func:`next_lr`, at most ``settings.max_extensions`` times), so the pick is bracketed where it can be.
     """
     settings = paths.settings
     arms = {a.name: a for a in study_arms()}
@@ -331,7 +343,14 @@ def run_study(paths: Paths, jobs: int) -> tuple[dict[str, dict], dict[str, dict]
         pending[future] = task
 
     def release_group(group: str) -> None:
-        picks[group] = pick_lr([results[t.name] for t in sweep[group]])
+        pick = pick_lr([results[t.name] for t in sweep[group]])
+        extra = next_lr(pick, [t.lr for t in sweep[group]], settings)
+        if extra is not None:  # the optimum is not bracketed yet: sweep one lr further out first
+            task = Task(arms[SWEEP_ARMS[group]], extra, settings.seeds[0])
+            sweep[group].append(task)
+            submit(task)
+            return
+        picks[group] = pick
         main = [Task(a, picks[group]["lr"], s) for a in arms.values() if a.group == group for s in settings.seeds]
         for task in sorted(main, key=lambda t: -t.cost):
             submit(task)

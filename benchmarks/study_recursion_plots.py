@@ -46,7 +46,7 @@ def plot_losses(summary, results, picks, settings, path: Path) -> None:
         color = f"C{i}"
         curve = summary[pick["arm"]]["loss_curve"]
         ax.plot(*zip(*curve), color=color, lw=1.8, label=f"{pick['arm']} lr {pick['lr']:g} (seed mean)")
-        for lr in settings["lr_grid"]:
+        for lr in sorted(float(v) for v in pick["losses"]):
             if lr == pick["lr"]:
                 continue
             run = results[f"{pick['arm']}-lr{lr:g}-s{settings['seeds'][0]}"]

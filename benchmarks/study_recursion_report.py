@@ -168,10 +168,12 @@ def reading(summary: dict[str, Any], picks: dict[str, dict], settings: dict, lr_
     for group, pick in picks.items():
         losses = ", ".join(f"{float(lr):g}: " + ("diverged" if v is None else f"{v:.3f}")
                            for lr, v in sorted(pick["losses"].items(), key=lambda kv: float(kv[0])))
-        edge = " — at the edge of the grid, so a better lr may lie outside it" if pick["edge"] else ""
+        edge = (" — still at the edge after extending the grid, so a better lr may lie outside it"
+                if pick["edge"] else "")
         parts.append(f"{group} ({pick['arm']}) {pick['lr']:g} [{losses}]{edge}")
     lines.append("- **Learning rates.** Picked per depth group by the lowest final training loss of seed 0 over "
-                 f"the grid {{{', '.join(f'{v:g}' for v in lr_grid)}}}: " + "; ".join(parts) + ".")
+                 f"the grid {{{', '.join(f'{v:g}' for v in lr_grid)}}}, extended by halving / doubling while the "
+                 "best lr was the smallest / largest tried: " + "; ".join(parts) + ".")
     # budget
     flat = {name: s[name]["flattening"] for name in ("srvit-R1-last", "srvit-R4-query", "bvit-euler")
             if "top1" in s[name]}
@@ -336,15 +338,18 @@ def write_report(results: dict[str, dict], picks: dict[str, dict], arms: list, s
 
 
 def lr_table(results: dict[str, dict], picks: dict[str, dict], settings: dict) -> list[str]:
-    grid = list(settings["lr_grid"])
+    grid = sorted({float(lr) for pick in picks.values() for lr in pick["losses"]})
     lines = ["## Learning-rate sweep (seed 0; pick = lowest final training loss)", "",
              "| group | arm | " + " | ".join(f"lr {v:g}: loss / top-1" for v in grid) + " | pick |",
              "| --- | --- | " + " | ".join("---" for _ in grid) + " | --- |"]
     for group, pick in picks.items():
         cells = []
         for v in grid:
-            r = results[f"{pick['arm']}-lr{v:g}-s{settings['seeds'][0]}"]
-            cells.append("diverged" if r["diverged"] else f"{r['final_train_loss']:.3f} / {100 * r['top1']:.2f}%")
+            r = results.get(f"{pick['arm']}-lr{v:g}-s{settings['seeds'][0]}")
+            if r is None:
+                cells.append("–")
+            else:
+                cells.append("diverged" if r["diverged"] else f"{r['final_train_loss']:.3f} / {100 * r['top1']:.2f}%")
         lines.append(f"| {group} | {pick['arm']} | " + " | ".join(cells) + f" | {pick['lr']:g} |")
     return lines + [""]
 

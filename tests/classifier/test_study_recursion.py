@@ -8,7 +8,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from study_recursion import Arm, pick_lr, probe, spread, study_arms, summarise_history  # noqa: E402
+from study_recursion import Arm, Settings, next_lr, pick_lr, probe, spread, study_arms, summarise_history  # noqa: E402
 from study_recursion_report import Stat, compare, flattening, order, reading, summarise  # noqa: E402
 
 import srvit  # noqa: E402
@@ -122,7 +122,7 @@ def test_router_and_lr_sentences() -> None:
     assert "near uniform" in _line(_reading(results, picks), "- **What the trained routers favour**")
     picks["R4"]["edge"] = True
     lr = _line(_reading(results, picks), "- **Learning rates.**")
-    assert "0.002: diverged" in lr and "at the edge of the grid" in lr
+    assert "0.002: diverged" in lr and "still at the edge after extending the grid" in lr
 
 
 def test_lr_pick_prefers_the_lowest_final_loss_and_never_a_diverged_run() -> None:
@@ -134,6 +134,16 @@ def test_lr_pick_prefers_the_lowest_final_loss_and_never_a_diverged_run() -> Non
     assert pick_lr(runs[:2])["edge"]  # the best is the top of a two-point grid
     with pytest.raises(RuntimeError, match="every lr of the sweep diverged"):
         pick_lr([runs[2]])
+
+
+def test_an_edge_pick_extends_the_sweep_outward_a_bounded_number_of_times() -> None:
+    settings = Settings(lr_grid=(5e-4, 1e-3, 2e-3), max_extensions=2)
+    low = {"lr": 5e-4, "edge": True}
+    assert next_lr(low, [5e-4, 1e-3, 2e-3], settings) == 2.5e-4
+    assert next_lr({"lr": 2e-3, "edge": True}, [5e-4, 1e-3, 2e-3], settings) == 4e-3
+    assert next_lr({"lr": 2.5e-4, "edge": True}, [2.5e-4, 5e-4, 1e-3, 2e-3], settings) == 1.25e-4
+    assert next_lr({"lr": 1.25e-4, "edge": True}, [1.25e-4, 2.5e-4, 5e-4, 1e-3, 2e-3], settings) is None
+    assert next_lr({"lr": 1e-3, "edge": False}, [5e-4, 1e-3, 2e-3], settings) is None
 
 
 def test_history_summary_and_flattening() -> None:
