@@ -185,3 +185,21 @@ def test_probe_measures_state_growth_and_router_weights_on_real_models() -> None
                    arms["srvit-R4-query"])
     assert len(routed["router_weights"]) == 2 and all(sum(w) == pytest.approx(1.0) for w in routed["router_weights"])
     assert all(0 <= e <= math.log(3) + 1e-6 for e in routed["router_entropy"])
+
+
+@pytest.mark.slow
+def test_the_study_runs_end_to_end_at_a_tiny_budget(cifar10, tmp_path: Path) -> None:
+    """Every arm x 2 seeds for 3 steps (a few minutes): report, plots and results.json are written."""
+    from study_recursion import main
+
+    runs, out = tmp_path / "runs", tmp_path / "report.md"
+    data = str(Path(cifar10["train"]).parent)
+    args = ["--data", data, "--runs", str(runs), "--out", str(out), "--steps", "3", "--seeds", "0,1",
+            "--lr-grid", "1e-3", "--eval-images", "100", "--jobs", "1"]
+    assert main(args) == 0
+    text = out.read_text()
+    assert "## Reading" in text and "- **Black-box field.**" in text
+    assert {p.name for p in (tmp_path / "report").iterdir()} == {
+        "fusion.png", "loss_curves.png", "results.json", "routers.png", "solver.png", "state_norms.png",
+        "supervision.png"}
+    assert main(args) == 0  # a rerun reuses every finished run
