@@ -158,6 +158,7 @@ def execute(task: Task, paths: Paths) -> dict[str, Any]:
     overrides = [
         f"model_overrides={json.dumps({**STUDY_MODEL, **task.arm.model})}", f"max_steps={settings.steps}",
         f"lr={task.lr}", f"seed={task.seed}", "progress_bar=false", "checkpoint_every=200", "keep_checkpoints=1",
+        "log_every=1",  # every step's loss reaches TensorBoard, the run's durable record (logged_history)
         *task.arm.extra,
     ]
     config = load_train_config(task.arm.preset, overrides)
@@ -188,7 +189,7 @@ def execute(task: Task, paths: Paths) -> dict[str, Any]:
         "parameters": sum(p.numel() for p in model.parameters()), "block_evaluations": task.arm.block_evaluations,
         "train_seconds": round(train_s, 1), "top1": counts.top1 / n, "top5": counts.top5 / n, "num_images": n,
         "by_steps": {str(k): v / n for k, v in sorted(counts.by_steps.items())},
-        **summarise_history(trained.history),
+        **summarise_history(logged_history(run_dir)),
         **probe(model, images[spread(len(labels), settings.probe_images)], task.arm),
     }
     result["eval_seconds"] = round(time.perf_counter() - start, 1)
@@ -205,19 +206,38 @@ def epoch_batches(config, train_urls: str) -> int:
     return max(loader.num_batches, 1)
 
 
-def summarise_history(history: list[dict[str, float]], window: int = 10) -> dict[str, Any]:
-    """Loss curve (window means of the final-state loss), final loss, router entropy over training.
+def logged_history(run_dir: Path) -> list[dict[str, float]]:
+    """Every logged step of a run from its TensorBoard events, across resumptions: ``[{"step", key: value}]``.
 
-    ``final_train_loss`` is the mean loss over the last 10% of the steps (at least ``2 * window``).
+    A resumed run recomputes the steps after its checkpoint; their values written last win. (The in-process
+    ``TrainResult.history`` only holds the steps of the last invocation.)
     """
-    losses = [h["loss_final"] for h in history]
-    curve = [[history[min(i + window, len(history)) - 1]["step"], sum(losses[i:i + window]) / len(losses[i:i + window])]
-             for i in range(0, len(losses), window)]
-    tail = max(2 * window, len(losses) // 10)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0}).Reload()
+    by_step: dict[int, dict[str, float]] = {}
+    for tag in events.Tags()["scalars"]:
+        if tag == "train/loss_final" or tag.startswith("train/fusion_entropy"):
+            for event in events.Scalars(tag):  # in write order: a recomputed step overwrites its first value
+                by_step.setdefault(event.step, {"step": event.step})[tag.removeprefix("train/")] = event.value
+    return [by_step[step] for step in sorted(by_step)]
+
+
+def summarise_history(history: list[dict[str, float]], window: int = 10, entropy_every: int = 20) -> dict[str, Any]:
+    """Loss curve (means over ``window``-step buckets of the final-state loss), final loss, router entropy.
+
+    ``final_train_loss`` is the mean logged loss over the last 10% of the steps (at least ``2 * window``);
+    the entropy curve keeps every ``entropy_every``-th step, so runs logged at different rates line up.
+    """
+    last = history[-1]["step"]
+    buckets: dict[int, list[float]] = {}
+    for h in history:
+        buckets.setdefault(-(-h["step"] // window) * window, []).append(h["loss_final"])
+    curve = [[step, sum(v) / len(v)] for step, v in sorted(buckets.items())]
+    tail = [h["loss_final"] for h in history if h["step"] > last - max(2 * window, last // 10)]
     entropy = [[h["step"], [h[k] for k in sorted(h) if k.startswith("fusion_entropy/block")]]
-               for h in history if "fusion_entropy" in h]
-    return {"loss_curve": curve, "final_train_loss": sum(losses[-tail:]) / len(losses[-tail:]),
-            "entropy_curve": entropy}
+               for h in history if "fusion_entropy" in h and h["step"] % entropy_every == 0]
+    return {"loss_curve": curve, "final_train_loss": sum(tail) / len(tail), "entropy_curve": entropy}
 
 
 def test_images(test_urls: str, resolution: int):
