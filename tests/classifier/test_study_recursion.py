@@ -203,3 +203,33 @@ def test_the_study_runs_end_to_end_at_a_tiny_budget(cifar10, tmp_path: Path) -> 
         "fusion.png", "loss_curves.png", "results.json", "routers.png", "solver.png", "state_norms.png",
         "supervision.png"}
     assert main(args) == 0  # a rerun reuses every finished run
+
+
+def test_logged_history_keeps_the_steps_of_an_interrupted_run(kodak_labelled, tmp_path: Path) -> None:
+    """The study reads each run's history from TensorBoard: a run resumed from step 3 still has steps 1..6,
+    and the recomputed steps 4..6 carry the values of the resumed invocation."""
+    from study_recursion import logged_history
+
+    from looprun.checkpoint import CheckpointManager
+    from srvit.train_config import load_train_config
+    from srvit.trainer import train
+
+    config = load_train_config("cifar10-srvit-ti", [
+        "protocol=imagenet", "num_classes=2", "resolution=32", "batch_size=4", "num_workers=0", "progress_bar=false",
+        "model_overrides={depth: 2, embed_dim: 24, num_heads: 2, patch_size: 8, recursion: 2}", "lr=1e-3",
+        "warmup_epochs=0.2", "log_every=1", "max_steps=6", "checkpoint_every=3",
+    ])
+    run = tmp_path / "run"
+    train(config, kodak_labelled, run)
+    manager = CheckpointManager(run / "checkpoints")
+    for path in manager.list_checkpoints()[1:]:  # as if killed during step 4: only the step-3 checkpoint is left
+        for f in path.iterdir():
+            f.unlink()
+        path.rmdir()
+    resumed = train(config, kodak_labelled, run)
+    assert [h["step"] for h in resumed.history] == [4, 5, 6]  # in memory: only the last invocation
+    history = logged_history(run)
+    assert [h["step"] for h in history] == [1, 2, 3, 4, 5, 6]
+    for logged, live in zip(history[3:], resumed.history):
+        assert logged["loss_final"] == pytest.approx(live["loss_final"], rel=1e-6)
+        assert logged["fusion_entropy/block01"] == pytest.approx(live["fusion_entropy/block01"], rel=1e-6)
