@@ -24,7 +24,7 @@ MODULE_OF = {"pillow": "PIL", "pyyaml": "yaml"}
 # runtime dependencies that no loopvision module imports by name, and the import that needs them
 INDIRECT = {
     "torch-fidelity": ("packages/vae/loopvae/metrics.py", "torchmetrics.image.fid"),  # FID's InceptionV3
-    "tensorboard": ("packages/core/loopcore/run_logger.py", "torch.utils.tensorboard"),  # SummaryWriter
+    "tensorboard": ("packages/core/looprun/run_logger.py", "torch.utils.tensorboard"),  # SummaryWriter
 }
 
 
