@@ -63,7 +63,12 @@ _FAULTS = textwrap.dedent("""
     print(apply_cpu_allocator(sys.argv[1]))
     def faults():
         return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    for _ in range(3):  # 64 MiB blocks allocated and freed before counting: the heap reaches its steady state
+    # 64 MiB blocks allocated and freed before counting, until the heap reaches its steady state. torch asks
+    # posix_memalign for 64-byte alignment, and glibc serves that by carving size + alignment + a minimum chunk,
+    # so an exactly sized freed block cannot hold the next one: the heap creeps by one block per allocation
+    # until freed neighbours have coalesced into a big enough hole. Measured over 42 processes, the last
+    # block that faulted was the 5th to the 11th; 20 blocks of warm-up are about twice the worst seen.
+    for _ in range(20):
         torch.empty(16 * 2**20).fill_(1)
     before = faults()
     for _ in range(20):
@@ -80,10 +85,10 @@ def test_retained_allocator_reuses_freed_memory_without_page_faults() -> None:
         counts[choice] = int(faults)
         assert applied == str(choice == "retain")
     # glibc's default serves each 64 MiB block by a fresh mmap: ~16k zero-filled pages per block, 20 blocks;
-    # retained, the blocks reuse the heap's pages: measured 0, now and then one block's worth (16,384) when
-    # glibc places an aligned block on fresh heap pages; at most 4 blocks' worth of 20
+    # retained, once the heap has reached its steady state the blocks reuse its pages: measured 0 faults.
+    # One block's worth (16,384 pages) is allowed for a warm-up that runs longer than any seen so far.
     assert counts["system"] > 20 * 10_000, counts
-    assert counts["retain"] <= 4 * 16_384, counts
+    assert counts["retain"] <= 16_384, counts
 
 
 @pytest.mark.parametrize("cli,command", [(loopvae_cli, "eval"), (loopvae_cli, "profile"), (srvit_cli, "eval")])
