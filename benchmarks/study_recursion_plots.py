@@ -67,7 +67,7 @@ def plot_fusion(summary, path: Path) -> None:
         stats = [base, summary[f"srvit-R2-{mode}"]["top1"], summary[f"srvit-R4-{mode}"]["top1"]]
         xs = [1 + 0.04 * (k - 1), 2 + 0.04 * (k - 1), 4 + 0.04 * (k - 1)]
         ax.errorbar(xs, [s.mean for s in stats], yerr=[s.sd for s in stats], marker="o", capsize=3,
-                    label=f"fusion={mode}")
+                    label=f"fusion_mode={mode}")
     ax.set_xticks([1, 2, 4])
     ax.set_xlabel("recursion R (every block applied R times)")
     ax.set_ylabel("CIFAR-10 top-1 (%), mean ± s.d.")

@@ -312,12 +312,12 @@ def write_report(results: dict[str, dict], picks: dict[str, dict], arms: list, s
     lines += lr_table(results, picks, settings)
     lines += [f"![training loss](./{rel}/loss_curves.png)", ""]
     lines += ["## 1. SR-ViT: SoftMoR (token, query) vs plain recursion (last)", "",
-              "| arm | R | fusion | params | block evals | top-1 (%) | top-5 (%) | final train loss | last-20% share | "
-              "train s |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+              "| arm | R | fusion_mode | params | block evals | top-1 (%) | top-5 (%) | final train loss | "
+              "last-20% share | train s |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for a in arms:
         if a.section == "fusion":
             e = s[a.name]
-            lines.append(f"| {a.name} | {a.horizon} | {a.model['fusion']} | {e['parameters'] / 1e6:.3f}M | "
+            lines.append(f"| {a.name} | {a.horizon} | {a.model['fusion_mode']} | {e['parameters'] / 1e6:.3f}M | "
                          f"{a.block_evaluations} | {e['top1'].fmt()} | {e['top5'].fmt()} | {e['final_loss'].fmt(3)} | "
                          f"{100 * e['flattening'].mean:.1f}% | {e['train_seconds'].mean:.0f} |")
     lines += ["", f"![top-1 vs R](./{rel}/fusion.png) ![routers](./{rel}/routers.png)", ""]

@@ -20,21 +20,21 @@ def _full_logits(model: srvit.RecursiveViT, x: torch.Tensor, steps: int | None =
 
 
 def test_the_engine_is_a_looped_core_holding_the_models_own_blocks_and_routers() -> None:
-    model = _model("srvit-ti", depth=3, recursion=2, fusion="query")
+    model = _model("srvit-ti", depth=3, recursion=2, fusion_mode="query")
     assert isinstance(model.engine, lc.LoopedCore)
     assert model.engine.blocks is model.blocks and model.engine.fusions is model.fusions
-    assert model.engine.loops == [2, 2, 2] and model.engine.sharing == "scale"
+    assert model.engine.passes == [2, 2, 2] and model.engine.sharing == "scale"
     assert model.engine.embedding is None and len(model.engine.injections) == 0  # no conditioning, no injection
     keys = set(model.state_dict())
     assert "blocks.2.attn.qkv.weight" in keys and "fusions.1.query.1.weight" in keys  # timm-style names kept
     assert not any(k.startswith("engine.") for k in keys)
     bvit = _model("bvit-ti", steps=4)
-    assert bvit.engine.loops == [4] and bvit.engine.sharing == "global" and len(bvit.blocks) == 1
+    assert bvit.engine.passes == [4] and bvit.engine.sharing == "global" and len(bvit.blocks) == 1
 
 
 @pytest.mark.parametrize("name,overrides", [
-    ("srvit-ti", dict(depth=2, recursion=3, fusion="token")),
-    ("srvit-ti", dict(depth=2, recursion=2, fusion="last")),
+    ("srvit-ti", dict(depth=2, recursion=3, fusion_mode="token")),
+    ("srvit-ti", dict(depth=2, recursion=2, fusion_mode="last")),
     ("bvit-ti", dict(steps=3, solver="heun")),
 ])
 def test_hooks_that_only_record_leave_the_logits_bit_identical(name: str, overrides: dict) -> None:
@@ -69,7 +69,7 @@ def test_prefix_and_bypass_on_bvit_equal_running_fewer_steps() -> None:
 
 
 def test_prefix_on_srvit_truncates_one_block_and_changes_only_what_follows() -> None:
-    model = _model("srvit-ti", depth=2, recursion=3, fusion="query")
+    model = _model("srvit-ti", depth=2, recursion=3, fusion_mode="query")
     x = torch.randn(2, 3, 16, 16)
     records = lc.LoopHooks(record=True, prefix={1: 1})
     with model.use_hooks(records):
@@ -86,7 +86,7 @@ def test_per_pass_checkpointing_gives_the_same_gradients() -> None:
     x = torch.randn(2, 3, 16, 16)
     grads = []
     for enabled in (False, True):
-        model = _model("srvit-ti", depth=2, recursion=2, fusion="query", drop_path_rate=0.2).train()
+        model = _model("srvit-ti", depth=2, recursion=2, fusion_mode="query", drop_path_rate=0.2).train()
         model.set_grad_checkpointing(enabled)
         assert model.engine.gradient_checkpointing is enabled
         torch.manual_seed(1)  # the same drop-path draws (checkpointing replays the RNG state)
@@ -98,18 +98,18 @@ def test_per_pass_checkpointing_gives_the_same_gradients() -> None:
 
 
 def test_the_engine_refuses_a_conditioned_core_beyond_its_horizon_and_steps_an_unconditioned_one() -> None:
-    conditioned = lc.LoopedCore(lambda: lc.PreNormBlock(8, 2), 1, [2], 8, channels_last=True, conditioning=True,
+    conditioned = lc.LoopedCore(lambda: lc.PreNormBlock(8, 2), 1, [2], 8, features_last=True, conditioning=True,
                                 block_call=None)
     with pytest.raises(ValueError, match="exceed the trained 2"):
-        conditioned(torch.randn(1, 3, 8), 0, passes=3)
+        conditioned(torch.randn(1, 3, 8), 0, num_passes=3)
     torch.manual_seed(0)
-    plain = lc.LoopedCore(lambda: lc.PreNormBlock(8, 2), 1, [2], 8, channels_last=True, conditioning=False,
+    plain = lc.LoopedCore(lambda: lc.PreNormBlock(8, 2), 1, [2], 8, features_last=True, conditioning=False,
                           injection=False)
     torch.manual_seed(0)
-    euler = lc.LoopedCore(lambda: lc.PreNormBlock(8, 2), 1, [2], 8, channels_last=True, conditioning=False,
+    euler = lc.LoopedCore(lambda: lc.PreNormBlock(8, 2), 1, [2], 8, features_last=True, conditioning=False,
                           injection=False, solver=lc.ODESolver("euler", 1.0))
     h = torch.randn(2, 3, 8)
-    assert torch.equal(plain(h, 0, passes=4).output, euler(h, 0, passes=4).output)  # Euler h=1 = the plain pass
+    assert torch.equal(plain(h, 0, num_passes=4).output, euler(h, 0, num_passes=4).output)  # Euler h=1 = the plain pass
     block = plain.blocks[0]
-    assert torch.equal(plain(h, 0, passes=3).output, block(block(block(h))))
+    assert torch.equal(plain(h, 0, num_passes=3).output, block(block(block(h))))
     assert sum(p.numel() for p in plain.parameters()) == sum(p.numel() for p in block.parameters())

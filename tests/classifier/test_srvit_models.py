@@ -79,8 +79,8 @@ def test_srvit_parameters_are_vit_plus_one_router_per_block_and_r1_is_vit() -> N
         vit = count_parameters(srvit.create_model("vit-s"))
         r1 = count_parameters(srvit.create_model("srvit-s", recursion=1))
         r4 = count_parameters(srvit.create_model("srvit-s", recursion=4))  # default router: query
-        last = count_parameters(srvit.create_model("srvit-s", recursion=4, fusion="last"))
-        token = count_parameters(srvit.create_model("srvit-s", recursion=4, fusion="token"))
+        last = count_parameters(srvit.create_model("srvit-s", recursion=4, fusion_mode="last"))
+        token = count_parameters(srvit.create_model("srvit-s", recursion=4, fusion_mode="token"))
     assert vit == r1 == last == 22_050_664  # timm's deit_small_patch16_224
     assert token - vit == 12 * router_parameter_count(384, 4, "token") == 12 * 148_997
     query_router = router_parameter_count(384, 4, "query")
@@ -110,10 +110,10 @@ def test_srvit_with_r1_is_exactly_vit_given_the_same_weights() -> None:
 
 
 def test_fusion_last_is_plain_recursion_and_token_fusion_is_not() -> None:
-    last = tiny("srvit-s", depth=2, recursion=3, fusion="last")
+    last = tiny("srvit-s", depth=2, recursion=3, fusion_mode="last")
     x = images()
     assert torch.equal(full_logits(last, x), manual_recursion(last, x, 3))
-    token = tiny("srvit-s", depth=2, recursion=3, fusion="token")
+    token = tiny("srvit-s", depth=2, recursion=3, fusion_mode="token")
     token.load_state_dict(last.state_dict(), strict=False)
     randomize_heads_(token)
     out = token(x)
@@ -159,7 +159,7 @@ def test_evaluation_beyond_the_horizon_runs_more_steps_with_the_same_weights() -
     for n in (1, 4):  # earlier states of a 9-step run are the final states of shorter runs
         assert torch.equal(per_step[n - 1], full_logits(model, x, steps=n))
     assert torch.equal(per_step[-1], model(x, steps=9))
-    sr = randomize_heads_(tiny("srvit-s", depth=2, recursion=2, fusion="token"))
+    sr = randomize_heads_(tiny("srvit-s", depth=2, recursion=2, fusion_mode="token"))
     deeper = sr(x, steps=5)  # steps past R share the last step's router bias
     assert deeper.shape == (3, 7) and torch.isfinite(deeper).all()
     assert sr.forward_trace(x, steps=5).fusion_weights[0].shape == (3, 5, 17)
@@ -171,11 +171,11 @@ def test_evaluation_beyond_the_horizon_runs_more_steps_with_the_same_weights() -
     ("name", "overrides"),
     [
         ("vit-s", dict(depth=3)),
-        ("srvit-s", dict(depth=2, recursion=3, fusion="token")),
-        ("srvit-s", dict(depth=2, recursion=3, fusion="mean")),
-        ("srvit-s", dict(depth=2, recursion=3, fusion="query")),
-        ("srvit-s", dict(depth=2, recursion=3, fusion="last")),
-        ("srvit-s", dict(depth=2, recursion=3, fusion="global")),
+        ("srvit-s", dict(depth=2, recursion=3, fusion_mode="token")),
+        ("srvit-s", dict(depth=2, recursion=3, fusion_mode="mean")),
+        ("srvit-s", dict(depth=2, recursion=3, fusion_mode="query")),
+        ("srvit-s", dict(depth=2, recursion=3, fusion_mode="last")),
+        ("srvit-s", dict(depth=2, recursion=3, fusion_mode="global")),
         ("bvit-s", dict(steps=4)),
         ("bvit-s", dict(steps=4, solver="blackbox", step_size=0.5)),
         ("bvit-s", dict(steps=4, solver="heun")),
@@ -252,7 +252,7 @@ def test_drop_path_is_random_in_training_and_off_in_eval() -> None:
 
 
 def test_weight_decay_groups_follow_deit() -> None:
-    model = tiny("srvit-s", depth=2, recursion=2, fusion="token")
+    model = tiny("srvit-s", depth=2, recursion=2, fusion_mode="token")
     decay, no_decay = parameter_groups(model, 0.05)
     names = {id(p): n for n, p in model.named_parameters()}
     no_decay_names = {names[id(p)] for p in no_decay["params"]}
@@ -283,7 +283,7 @@ def test_bad_inputs_raise_clear_errors() -> None:
     with pytest.raises(ValueError, match="steps must be >= 1"):
         model(images(), steps=0)
     with pytest.raises(ValueError, match="unknown fusion"):
-        tiny("srvit-s", fusion="max")
+        tiny("srvit-s", fusion_mode="max")
     with pytest.raises(ValueError, match="unknown solver"):
         tiny("bvit-s", solver="euler2")
     with pytest.raises(ValueError, match="multiple of patch_size"):
@@ -304,7 +304,7 @@ def test_recorded_fusion_weights_are_the_forwards_own_and_their_entropy_is_logge
 
     torch.manual_seed(0)
     model = srvit.create_model("srvit-ti", depth=2, embed_dim=24, num_heads=2, patch_size=8, img_size=16,
-                               num_classes=3, recursion=3, fusion="token").eval()
+                               num_classes=3, recursion=3, fusion_mode="token").eval()
     x = torch.randn(2, 3, 16, 16)
     with model.record_fusion_weights() as recorded:
         trace = model.forward_trace(x)
@@ -326,7 +326,7 @@ def test_recorded_fusion_weights_are_the_forwards_own_and_their_entropy_is_logge
     assert fusion_entropy_logs([]) == {}
     # no record outside the context manager, and nothing recorded for a plain (last) recursion
     plain = srvit.create_model("srvit-ti", depth=1, embed_dim=24, num_heads=2, patch_size=8, img_size=16,
-                               num_classes=3, recursion=2, fusion="last")
+                               num_classes=3, recursion=2, fusion_mode="last")
     with plain.record_fusion_weights() as none:
         plain(x)
     assert none == []

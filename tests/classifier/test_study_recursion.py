@@ -8,7 +8,8 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from study_recursion import Arm, Settings, next_lr, pick_lr, probe, spread, study_arms, summarise_history  # noqa: E402
+from study_recursion import Arm, Settings, next_lr, pick_lr, study_arms  # noqa: E402
+from study_recursion_measure import probe, spread, summarise_history  # noqa: E402
 from study_recursion_report import Stat, compare, flattening, order, reading, summarise  # noqa: E402
 
 import srvit  # noqa: E402
@@ -25,7 +26,7 @@ def _run(arm: Arm, seed: int, top1: float, loss: float = 1.5, by_steps: dict | N
               "top5": 0.9, "final_train_loss": loss,
               "loss_curve": [[s, loss + 1.0 * math.exp(-s / 20)] for s in range(10, 101, 10)],
               "by_steps": {str(k): v / 100 for k, v in (by_steps or {}).items()}}
-    if arm.model.get("fusion", "last") != "last" and horizon > 1:
+    if arm.model.get("fusion_mode", "last") != "last" and horizon > 1:
         result["router_weights"] = [[0.1] * (horizon - 1) + [1 - 0.1 * (horizon - 1)] for _ in range(12)]
         result["router_entropy"] = [0.5] * 12
         result["entropy_curve"] = [[20, [1.0] * 12], [40, [0.6] * 12]]
@@ -181,7 +182,7 @@ def test_probe_measures_state_growth_and_router_weights_on_real_models() -> None
     ratios = [b / a for a, b in zip(black["state_norms"][1:], black["state_norms"][2:])]
     assert all(1.9 < r < 2.1 for r in ratios)
     assert all(0.9 < b / a < 1.1 for a, b in zip(euler["state_norms"], euler["state_norms"][1:]))
-    routed = probe(srvit.create_model("srvit-ti", depth=2, recursion=3, fusion="query", **kw).eval(), images,
+    routed = probe(srvit.create_model("srvit-ti", depth=2, recursion=3, fusion_mode="query", **kw).eval(), images,
                    arms["srvit-R4-query"])
     assert len(routed["router_weights"]) == 2 and all(sum(w) == pytest.approx(1.0) for w in routed["router_weights"])
     assert all(0 <= e <= math.log(3) + 1e-6 for e in routed["router_entropy"])
@@ -208,7 +209,7 @@ def test_the_study_runs_end_to_end_at_a_tiny_budget(cifar10, tmp_path: Path) -> 
 def test_logged_history_keeps_the_steps_of_an_interrupted_run(kodak_labelled, tmp_path: Path) -> None:
     """The study reads each run's history from TensorBoard: a run resumed from step 3 still has steps 1..6,
     and the recomputed steps 4..6 carry the values of the resumed invocation."""
-    from study_recursion import logged_history
+    from study_recursion_measure import logged_history
 
     from looprun.checkpoint import CheckpointManager
     from srvit.train_config import load_train_config

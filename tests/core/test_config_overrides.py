@@ -48,7 +48,7 @@ def test_both_overrides_reach_the_loopvae_and_srvit_configs() -> None:
     config = cls_config(args.config, args.set)
     # the dotted key changes one entry; the preset's other entries stay
     assert config.lr == 0.5
-    assert config.model_overrides == {"patch_size": 4, "recursion": 4, "fusion": "query"}
+    assert config.model_overrides == {"patch_size": 4, "recursion": 4, "fusion_mode": "query"}
 
 
 def test_dotted_keys_merge_nest_and_apply_in_order() -> None:

@@ -59,7 +59,7 @@ def test_looped_core_with_fused_blocks_matches_the_written_recursion(sharing: st
     with torch.no_grad():
         for scale in range(2):
             expected = h0
-            for t in range(core.loops[scale]):  # the written recursion with the plain formula
+            for t in range(core.passes[scale]):  # the written recursion with the plain formula
                 key = str(scale)
                 x = expected if t == 0 else expected + plain.injection_gates[key] * plain.injections[key](h0)
                 expected = plain.run_pass(x, scale, t)

@@ -4,14 +4,14 @@ import torch
 import loopcore as lc
 from lv_testing import randomize_
 
-LOOPS = [1, 2, 4]
+PASSES = [1, 2, 4]
 
 
-def make_core(sharing: str = "global", kind: str = "conv", fusion: str | None = None, dim: int = 32) -> lc.LoopedCore:
+def make_core(sharing: str = "global", kind: str = "conv", fusion_mode: str = "last", dim: int = 32) -> lc.LoopedCore:
     kwargs = {"num_heads": 2} if kind == "attention" else {}
     core = lc.LoopedCore(
-        lc.block_factory(kind, dim, dim, **kwargs), 4, LOOPS, dim, sharing=sharing,
-        channels_last=kind == "attention", fusion=fusion,
+        lc.block_factory(kind, dim, dim, **kwargs), 4, PASSES, dim, sharing=sharing,
+        features_last=kind == "attention", fusion_mode=fusion_mode,
         window_sizes=[4, None, None] if kind == "attention" else None,
     )
     return randomize_(core, std=0.05)
@@ -39,7 +39,7 @@ def manual_recursion(core: lc.LoopedCore, h0: torch.Tensor, scale: int, passes: 
 @pytest.mark.parametrize("sharing,expected", [("global", 4), ("scale", 12), ("none", 28)])
 def test_stored_blocks_and_counted_applications(sharing: str, expected: int) -> None:
     core = make_core(sharing)
-    assert len(core.blocks) == expected == lc.stored_block_count(4, LOOPS, sharing)
+    assert len(core.blocks) == expected == lc.stored_block_count(4, PASSES, sharing)
     calls = []
     handles = [b.register_forward_pre_hook(lambda m, a, i=i: calls.append(i)) for i, b in enumerate(core.blocks)]
     h = sample()
@@ -62,7 +62,7 @@ def test_none_sharing_with_copied_weights_equals_global() -> None:
     unshared.load_state_dict(
         {k: v for k, v in shared.state_dict().items() if not k.startswith("blocks.")}, strict=False
     )
-    for s, n in enumerate(LOOPS):
+    for s, n in enumerate(PASSES):
         for t in range(n):
             for k in range(4):
                 unshared.blocks[unshared.block_index(s, t, k)].load_state_dict(shared.blocks[k].state_dict())
@@ -75,12 +75,12 @@ def test_core_matches_longhand_recursion(kind: str) -> None:
     core, x = make_core(kind=kind), sample(kind)
     with torch.no_grad():
         core.injection_gates["2"].fill_(0.7)  # the gate starts at 0; make injection matter
-    for s, n in enumerate(LOOPS):
+    for s, n in enumerate(PASSES):
         torch.testing.assert_close(core(x, s).output, manual_recursion(core, x, s, n)[-1], rtol=1e-5, atol=1e-6)
 
 
 def test_injection_gate_starts_at_zero_and_only_stages_with_repeats_have_one() -> None:
-    core = lc.LoopedCore(lc.block_factory("conv", 32, 32), 4, LOOPS, 32)
+    core = lc.LoopedCore(lc.block_factory("conv", 32, 32), 4, PASSES, 32)
     assert sorted(core.injection_gates.keys()) == ["1", "2"]
     assert all(float(g.detach()) == 0.0 for g in core.injection_gates.values())
 
@@ -163,7 +163,7 @@ def test_return_passes_and_meta_construction() -> None:
     assert len(out.pass_outputs) == 4 and out.pass_outputs[-1] is out.output
     with torch.device("meta"):
         meta = lc.LoopedCore(lc.block_factory("attention", 768, 768, num_heads=12), 6, [1, 1, 2, 3, 6], 768,
-                             channels_last=True, fusion="token")
+                             features_last=True, fusion_mode="token")
     assert all(p.is_meta for p in meta.parameters())
     assert len(meta.blocks) == 6
 
@@ -171,19 +171,19 @@ def test_return_passes_and_meta_construction() -> None:
 def test_bad_configuration_errors() -> None:
     factory = lc.block_factory("conv", 32, 32)
     with pytest.raises(ValueError, match="unknown sharing rule"):
-        lc.LoopedCore(factory, 4, LOOPS, 32, sharing="layer")
-    with pytest.raises(ValueError, match="window_sizes has 2 entries for 3 scales"):
-        lc.LoopedCore(factory, 4, LOOPS, 32, window_sizes=[4, None])
-    with pytest.raises(ValueError, match="unknown fusion"):
-        lc.LoopedCore(factory, 4, LOOPS, 32, fusion="max")
+        lc.LoopedCore(factory, 4, PASSES, 32, sharing="layer")
+    with pytest.raises(ValueError, match="window_sizes has 2 entries for 3 stages"):
+        lc.LoopedCore(factory, 4, PASSES, 32, window_sizes=[4, None])
+    with pytest.raises(ValueError, match="unknown fusion_mode 'max'"):
+        lc.LoopedCore(factory, 4, PASSES, 32, fusion_mode="max")
     with pytest.raises(IndexError, match="scale 3 outside"):
-        lc.LoopedCore(factory, 4, LOOPS, 32)(sample(), 3)
+        lc.LoopedCore(factory, 4, PASSES, 32)(sample(), 3)
 
 
-# Which stored block serves (scale, pass, slot) for LOOPS = [1, 2, 4] and K = 4, written out by hand (not computed
+# Which stored block serves (scale, pass, slot) for PASSES = [1, 2, 4] and K = 4, written out by hand (not computed
 # with the formula under test): `scale` has 4 blocks per scale; `none` one block per application, in run order.
 BLOCK_TABLE = {
-    "global": {(s, t): [0, 1, 2, 3] for s, n in enumerate(LOOPS) for t in range(n)},
+    "global": {(s, t): [0, 1, 2, 3] for s, n in enumerate(PASSES) for t in range(n)},
     "scale": {(0, 0): [0, 1, 2, 3], (1, 0): [4, 5, 6, 7], (1, 1): [4, 5, 6, 7],
               (2, 0): [8, 9, 10, 11], (2, 1): [8, 9, 10, 11], (2, 2): [8, 9, 10, 11], (2, 3): [8, 9, 10, 11]},
     "none": {(0, 0): [0, 1, 2, 3], (1, 0): [4, 5, 6, 7], (1, 1): [8, 9, 10, 11], (2, 0): [12, 13, 14, 15],
@@ -205,7 +205,7 @@ def test_injection_at_every_scale_matches_a_longhand_from_the_table(sharing: str
         for key, gate in core.injection_gates.items():
             gate.fill_(0.3 + 0.2 * int(key))
     assert sorted(core.injection_gates) == ["1", "2"]
-    for s, n in enumerate(LOOPS):
+    for s, n in enumerate(PASSES):
         h = x
         for t in range(n):
             z = h if t == 0 else h + core.injection_gates[str(s)] * core.injections[str(s)](x)

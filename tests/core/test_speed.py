@@ -23,7 +23,7 @@ from srvit import cli as srvit_cli
 def test_compiled_tiny_tokenizer_equals_eager() -> None:
     # A LoopVAE small enough to compile in seconds on 2 cores, with every block doing work.
     model = randomize_(loopvae.create_model(
-        "loopvae-cnn-tiny", num_blocks=1, encoder_loops=[1, 2, 1], decoder_loops=[1, 2, 1]).eval(), std=0.05)
+        "loopvae-cnn-tiny", num_blocks=1, encoder_passes=[1, 2, 1], decoder_passes=[1, 2, 1]).eval(), std=0.05)
     x = to_memory_format(torch.rand(2, 3, 32, 32) * 2 - 1, "channels_last")
     prepare_for_speed(model, "channels_last")
     names = [n for n, _ in model.named_parameters()]

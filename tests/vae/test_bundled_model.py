@@ -39,8 +39,8 @@ def test_the_artifact_is_what_its_card_and_release_json_say() -> None:
 
 def test_it_is_the_registered_tiny_architecture_without_shortcuts(bundled: LoopVAE) -> None:
     registered = loopvae.create_model("loopvae-cnn-tiny").config
-    for key in ("width", "num_blocks", "encoder_loops", "decoder_loops", "latent_channels", "latent_factor",
-                "sharing", "norm_groups", "block_type", "fusion"):
+    for key in ("width", "num_blocks", "encoder_passes", "decoder_passes", "latent_channels", "latent_factor",
+                "sharing", "norm_groups", "block_type", "fusion_mode"):
         stored, expected = bundled.config[key], registered[key]
         if isinstance(expected, tuple):  # config.json stores tuples as lists
             stored, expected = list(stored), list(expected)

@@ -50,14 +50,14 @@ def test_latent_shapes_and_posterior_mode() -> None:
 
 
 def test_save_load_round_trip_is_exact(tmp_path) -> None:
-    vae = tiny(sharing="scale", fusion="softmor")
+    vae = tiny(sharing="scale", fusion_mode="query")
     vae.register_to_config(scaling_factor=0.5, shift_factor=0.1)
     x = torch.rand(1, 3, 64, 64) * 2 - 1
     vae.save_pretrained(tmp_path)
     assert (tmp_path / "config.json").exists() and (tmp_path / "diffusion_pytorch_model.safetensors").exists()
     loaded = loopvae.LoopVAE.from_pretrained(tmp_path).eval()
     assert loaded.config.scaling_factor == 0.5 and loaded.config.shift_factor == 0.1
-    assert loaded.config.sharing == "scale" and loaded.config.fusion == "softmor"
+    assert loaded.config.sharing == "scale" and loaded.config.fusion_mode == "query"
     with torch.no_grad():
         assert torch.equal(loaded(x).sample, vae(x).sample)
     half = loopvae.LoopVAE.from_pretrained(tmp_path, torch_dtype=torch.bfloat16)
@@ -123,8 +123,8 @@ def test_clear_errors_for_bad_inputs() -> None:
         vae.encode(torch.zeros(1, 1, 64, 64))
     with pytest.raises(ValueError, match="latent has 4 channels"):
         vae.decode(torch.zeros(1, 4, 8, 8))
-    with pytest.raises(ValueError, match="unknown fusion"):
-        loopvae.create_model("loopvae-cnn-tiny", fusion="max")
+    with pytest.raises(ValueError, match="unknown fusion_mode 'max'"):
+        loopvae.create_model("loopvae-cnn-tiny", fusion_mode="max")
     with pytest.raises(ValueError, match="latent factor 64 is not one of the model's scales"):
         loopvae.create_model("loopvae-cnn-tiny", latent_factor=64)
     assert isinstance(loopvae.create_model("sd-vae", latent_channels=4, block_out_channels=(32,) * 4), AutoencoderKL)

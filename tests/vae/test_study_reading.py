@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from study_loopvae import reading  # noqa: E402
+from study_loopvae_report import reading  # noqa: E402
 
 GROUPS = {"global": ["global-s0", "global-s1"], "reference": ["flux-vae-tiny-s0", "flux-vae-tiny-s1"],
           "scale": ["scale-s0"], "none": ["none-s0"], "shortcuts": ["shortcuts-s0"],

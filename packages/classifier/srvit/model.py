@@ -12,10 +12,10 @@ work on the classifiers too. The ``recursion`` step outputs of a block are fused
 query router ``d^2 + 3d + R``).
 
 * ``vit``:   depth 12, recursion 1 (a DeiT ViT; no fusion parameters exist at ``R = 1``).
-* ``bvit``:  depth 1, recursion ``T`` (= ``steps``), fusion ``last``: one block applied ``T`` times,
+* ``bvit``:  depth 1, recursion ``T`` (= ``steps``), ``fusion_mode`` ``last``: one block applied ``T`` times,
   no step conditioning (``loop_embedding=True`` adds a learned, zero-initialised step embedding to the
   input of every application).
-* ``srvit``: depth 12, recursion ``R``, fusion ``token`` (SoftMoR).
+* ``srvit``: depth 12, recursion ``R``, ``fusion_mode`` ``query`` (SoftMoR; ``token`` the paper-sized router).
 
 **Steps and deep supervision.** The *trajectory* is the sequence of states the classifier head can
 read: the output of every application of the shared block for a single-block model (bViT; the last
@@ -43,6 +43,7 @@ from diffusers.models.modeling_utils import ModelMixin
 from torch import nn
 
 import loopcore as lc
+from looprun.config import RenamedKey
 from looprun.release import ReleaseLoadingMixin
 
 from .timm_surface import TimmClassifierSurface
@@ -95,8 +96,9 @@ class RecursiveViT(TimmClassifierSurface, ReleaseLoadingMixin, ModelMixin, Confi
             pooled ``(B, embed_dim)`` features).
         embed_dim, depth, num_heads, mlp_ratio, qkv_bias: the stored blocks.
         recursion: applications of each block (``R`` for SR-ViT, ``T`` for bViT, 1 for ViT).
-        fusion: SoftMoR mode fusing each block's step outputs: ``last`` | ``mean`` | ``global`` | ``token`` |
-            ``query`` (token-wise, scored against a query from the block input; see :mod:`loopcore.softmor`).
+        fusion_mode: SoftMoR mode fusing each block's pass outputs (``fusion`` in older configs): ``last`` |
+            ``mean`` | ``global`` | ``token`` | ``query`` (token-wise, scored against a query from the block
+            input; see :mod:`loopcore.softmor`).
         solver, step_size: ODE stepper over ``v(z) = B(z) - z`` (``euler`` | ``heun`` | ``rk4``; ``blackbox``
             = Euler on ``z' = B(z)``) and its step ``h``.
         loop_embedding: add a learned per-step embedding to every application's input (bViT option).
@@ -106,6 +108,7 @@ class RecursiveViT(TimmClassifierSurface, ReleaseLoadingMixin, ModelMixin, Confi
     """
 
     _supports_gradient_checkpointing = True
+    RENAMED_CONFIG_KEYS = {"fusion": RenamedKey("fusion_mode")}
 
     @register_to_config
     def __init__(
@@ -120,7 +123,7 @@ class RecursiveViT(TimmClassifierSurface, ReleaseLoadingMixin, ModelMixin, Confi
         mlp_ratio: float = 4.0,
         qkv_bias: bool = True,
         recursion: int = 1,
-        fusion: str = "query",
+        fusion_mode: str = "query",
         solver: str = "euler",
         step_size: float = 1.0,
         loop_embedding: bool = False,
@@ -131,8 +134,6 @@ class RecursiveViT(TimmClassifierSurface, ReleaseLoadingMixin, ModelMixin, Confi
         super().__init__()
         if depth < 1 or recursion < 1:
             raise ValueError(f"depth and recursion must be >= 1, got depth={depth}, recursion={recursion}")
-        if fusion not in lc.FUSION_MODES:
-            raise ValueError(f"unknown fusion {fusion!r}; choose one of {lc.FUSION_MODES}")
         if family not in FAMILIES:
             raise ValueError(f"unknown family {family!r}; choose one of {FAMILIES}")
         if deep_supervision_every < 0:
@@ -152,8 +153,8 @@ class RecursiveViT(TimmClassifierSurface, ReleaseLoadingMixin, ModelMixin, Confi
         # R = 1 has exactly the ViT's parameters). No conditioning, no injection: bViT prescribes none.
         engine = lc.LoopedCore(
             lambda: lc.PreNormBlock(embed_dim, num_heads, mlp_ratio, qkv_bias), num_blocks=1,
-            loops=[recursion] * depth, dim=embed_dim, sharing="global" if depth == 1 else "scale",
-            channels_last=True, conditioning=False, injection=False, solver=self.solver, block_call=self._call_block,
+            passes=[recursion] * depth, dim=embed_dim, sharing="global" if depth == 1 else "scale",
+            features_last=True, conditioning=False, injection=False, solver=self.solver, block_call=self._call_block,
         )
         # The engine owns no parameters of its own here, so it is held unregistered and its blocks and routers
         # are registered on this model: parameter names stay timm's `blocks.i.*` (the DeiT state-dict recipe
@@ -167,7 +168,9 @@ class RecursiveViT(TimmClassifierSurface, ReleaseLoadingMixin, ModelMixin, Confi
         # Routers are drawn last (after the ViT init), so a seed gives the same trunk and head with or without
         # them; they exist only where several passes are fused: R = 1 has exactly the ViT's parameters.
         if recursion > 1:
-            engine.add_fusion(fusion, embed_dim)
+            engine.add_fusion(fusion_mode, embed_dim)
+        elif fusion_mode not in lc.FUSION_MODES:  # R = 1 builds no routers, but a typo is still an error
+            raise ValueError(f"unknown fusion_mode {fusion_mode!r}; choose one of {lc.FUSION_MODES}")
         self.fusions = engine.fusions
 
     def _init_weights(self) -> None:
@@ -338,7 +341,7 @@ class RecursiveViT(TimmClassifierSurface, ReleaseLoadingMixin, ModelMixin, Confi
             if head_only and j == last and self.computes_head_only and self.engine.hooks is None:
                 states, z, w = self._last_stage_head_only(z, n, keep_steps)
             else:
-                out = self.engine(z, j, return_passes=keep_steps, passes=n)
+                out = self.engine(z, j, return_passes=keep_steps, num_passes=n)
                 states, z, w = out.pass_outputs, out.output, out.fusion_weights
             if w is not None and self._fusion_record is not None:
                 self._fusion_record.append(w.detach())
@@ -358,7 +361,7 @@ class RecursiveViT(TimmClassifierSurface, ReleaseLoadingMixin, ModelMixin, Confi
         states: list[torch.Tensor] = []
         prev = z
         if n > 1:
-            out = self.engine(z, j, return_passes=keep_steps or fuses, passes=n - 1, fuse=False)
+            out = self.engine(z, j, return_passes=keep_steps or fuses, num_passes=n - 1, fuse=False)
             states, prev = out.pass_outputs or [], out.output
         block = self.engine.blocks[self.engine.block_index(j, n - 1, 0)]
         head = lambda state, step: self._call_block(block, state, j, step, queries=1)  # noqa: E731

@@ -2,7 +2,7 @@
 ``srvit.list_models()``, timm style.
 
 Names: ``vit-ti|s|b`` (DeiT), ``bvit-ti|s|b`` (one block, ``steps`` applications), ``srvit-ti|s|b``
-(``recursion=R``, SoftMoR ``fusion``, default R=4 and ``token``). Overrides replace any
+(``recursion=R``, SoftMoR ``fusion_mode``, default R=4 and ``query``). Overrides replace any
 :class:`srvit.RecursiveViT` argument; ``steps`` is bViT's name for its recursion. No weights are ever
 downloaded: ``pretrained=True`` raises, ``checkpoint_path`` loads a local file.
 """
@@ -24,9 +24,9 @@ SIZES: dict[str, dict[str, int]] = {
     "b": dict(embed_dim=768, num_heads=12),
 }
 FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
-    "vit": dict(depth=12, recursion=1, fusion="last"),
-    "bvit": dict(depth=1, recursion=12, fusion="last"),
-    "srvit": dict(depth=12, recursion=4, fusion="query"),
+    "vit": dict(depth=12, recursion=1, fusion_mode="last"),
+    "bvit": dict(depth=1, recursion=12, fusion_mode="last"),
+    "srvit": dict(depth=12, recursion=4, fusion_mode="query"),
 }
 
 _REGISTRY: dict[str, Callable[..., RecursiveViT]] = {}
@@ -72,7 +72,8 @@ def model_arguments(name: str, **overrides: Any) -> dict[str, Any]:
     family, _, size = name.partition("-")
     if family not in FAMILY_DEFAULTS or size not in SIZES:
         raise KeyError(f"unknown model {name!r}; available: {', '.join(list_models())}")
-    overrides = dict(overrides)
+    # a run's config.yaml written before a key was renamed still builds its model (with a warning)
+    overrides = RecursiveViT.upgrade_config(overrides, "model overrides")
     if "steps" in overrides:
         if family != "bvit":
             raise TypeError(f"'steps' is bViT's option; {name} takes recursion=R")

@@ -2,7 +2,7 @@
 
 Main pieces: :class:`ScaleLoopEmbedding` (``c = e_s + e_t``), :class:`ModulatedBlock` (adaLN-Zero)
 with :class:`ConvOperator` or :class:`AttentionOperator`, :class:`LoopedCore` (K stored blocks,
-per-scale loops, sharing rules, gated injection, hooks, per-pass checkpointing),
+per-stage pass counts, sharing rules, gated injection, hooks, per-pass checkpointing),
 :class:`SoftMoRFusion`, the ODE steppers in :mod:`loopcore.ode` and the pre-norm ViT block
 :class:`PreNormBlock` that the recursive classifiers reuse (SR-ViT and bViT run on :class:`LoopedCore` too).
 Model code only: the run infrastructure (config, checkpoints, distributed, EMA, logging, release

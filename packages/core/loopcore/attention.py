@@ -169,7 +169,7 @@ class AttentionOperator(nn.Module):
     (windowed when the caller passes ``window_size``) -> out-projection; ``M2`` = C -> 4C -> C MLP (GELU).
     """
 
-    channels_last = True
+    features_last = True
 
     def __init__(
         self, dim: int, num_heads: int, mlp_ratio: float = 4.0, qkv_bias: bool = True, rope: bool = True,

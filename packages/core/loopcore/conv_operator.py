@@ -34,7 +34,7 @@ class ConvOperator(nn.Module):
         groups: GroupNorm groups (32 in the paper).
     """
 
-    channels_last = False
+    features_last = False
 
     def __init__(self, dim: int, kernel_size: int = 7, expansion: int = 4, groups: int = 32) -> None:
         super().__init__()

@@ -1,6 +1,6 @@
 """Intervention hooks for the looped core: recording, prefix truncation, single-pass bypass.
 
-A :class:`LoopHooks` object is handed to :meth:`loopcore.LoopedCore.run_stage` (or installed with
+A :class:`LoopHooks` object is handed to a stage call of :class:`loopcore.LoopedCore` (or installed with
 :meth:`loopcore.LoopedCore.use_hooks` so a whole model picks it up). With no hooks, or with hooks
 that ask for nothing, the core runs exactly the same operations as the plain forward, so outputs
 are bit-identical.
@@ -70,11 +70,11 @@ class LoopHooks:
         """True when these hooks change or observe anything."""
         return self.record or bool(self.prefix) or bool(self.bypass)
 
-    def passes_to_run(self, scale: int, loops: int) -> int:
-        """Number of passes to execute at ``scale`` out of the trained ``loops``."""
-        k = self.prefix.get(scale, loops)
-        if not 1 <= k <= loops:
-            raise ValueError(f"prefix for scale {scale} must be in [1, {loops}], got {k}")
+    def passes_to_run(self, scale: int, planned: int) -> int:
+        """Number of passes to execute at ``scale`` out of the ``planned`` ones (the trained ``L_s`` by default)."""
+        k = self.prefix.get(scale, planned)
+        if not 1 <= k <= planned:
+            raise ValueError(f"prefix for scale {scale} must be in [1, {planned}], got {k}")
         return k
 
     def clear(self) -> None:

@@ -1,5 +1,9 @@
 """The looped core: K stored blocks run for a per-scale number of passes.
 
+Vocabulary (the same in every package, config and document): a *pass* is one run of the K-block stack; a
+*stage* is the run of ``L_s`` passes at scale index ``s``; ``fusion_mode`` is the SoftMoR mode that fuses a
+stage's pass outputs (``last`` = plain recursion, no fusion parameters).
+
 At scale ``s`` the K-block stack runs ``L_s`` passes,
 
     h_{t+1} = Core(h_t + [t > 0] * g_s * P_s(h_0), c_{s,t}),
@@ -40,14 +44,14 @@ SharingRule = Literal["global", "scale", "none"]
 SHARING_RULES: tuple[str, ...] = ("global", "scale", "none")
 
 
-def stored_block_count(num_blocks: int, loops: Sequence[int], sharing: str) -> int:
-    """Blocks a core stores: ``K`` (global), ``K * S`` (scale) or ``K * sum(L)`` (none)."""
+def stored_block_count(num_blocks: int, passes: Sequence[int], sharing: str) -> int:
+    """Blocks a core stores: ``K`` (global), ``K * S`` (scale) or ``K * sum(L)`` (none); ``passes``: ``L_s``."""
     if sharing == "global":
         return num_blocks
     if sharing == "scale":
-        return num_blocks * len(loops)
+        return num_blocks * len(passes)
     if sharing == "none":
-        return num_blocks * sum(loops)
+        return num_blocks * sum(passes)
     raise ValueError(f"unknown sharing rule {sharing!r}; choose one of {SHARING_RULES}")
 
 
@@ -72,13 +76,15 @@ class LoopedCore(nn.Module):
         block_factory: zero-argument callable building one block ``block(x, cond, window_size)``
             (see :func:`loopcore.conv_block`, :func:`loopcore.attention_block`).
         num_blocks: ``K``, blocks per pass.
-        loops: ``L_s`` for every scale index ``s`` (the order the caller runs its stages in).
+        passes: ``L_s``, the passes of every stage ``s`` (the order the caller runs its stages in).
         dim: feature width ``C`` (for the injection projections and SoftMoR).
         cond_dim: width of the conditioning vector (default ``dim``).
         sharing: ``global`` | ``scale`` | ``none``.
-        channels_last: layout of the states: ``False`` = ``(B, C, H, W)``, ``True`` = ``(B, ..., C)``.
+        features_last: layout (shape) of the states, not a torch memory format: ``False`` = ``(B, C, H, W)`` maps
+            (convolution blocks), ``True`` = ``(B, ..., C)`` tokens (attention blocks).
         window_sizes: attention window side per scale (``None`` = global); only for attention blocks.
-        fusion: ``None`` or ``"last"`` (plain recursion) or a SoftMoR mode fusing each stage's pass outputs.
+        fusion_mode: ``"last"`` (plain recursion; no fusion parameters) or a SoftMoR mode fusing each stage's
+            pass outputs (:data:`loopcore.FUSION_MODES`).
         conditioning: condition every block on ``c_{s,t}`` (``block(x, cond, window_size)``); ``False`` calls
             ``block_call(block, x, stage, pass_index, slot)`` (default ``block(x)``) and stores no embedding.
         injection: add the gated input injection ``g_s P_s(h_0)`` from the second pass on.
@@ -91,76 +97,73 @@ class LoopedCore(nn.Module):
         self,
         block_factory: Callable[[], nn.Module],
         num_blocks: int,
-        loops: Sequence[int],
+        passes: Sequence[int],
         dim: int,
         cond_dim: int | None = None,
         sharing: SharingRule = "global",
-        channels_last: bool = False,
+        features_last: bool = False,
         window_sizes: Sequence[int | None] | None = None,
-        fusion: str | None = None,
+        fusion_mode: str = "last",
         conditioning: bool = True,
         injection: bool = True,
         solver: ODESolver | None = None,
         block_call: BlockCall | None = None,
     ) -> None:
         super().__init__()
-        fusion = None if fusion == "last" else fusion
-        loops = [int(v) for v in loops]
-        if num_blocks < 1 or not loops or min(loops) < 1:
-            raise ValueError(f"LoopedCore needs num_blocks >= 1 and loops >= 1, got K={num_blocks}, loops={loops}")
-        if window_sizes is not None and len(window_sizes) != len(loops):
-            raise ValueError(f"window_sizes has {len(window_sizes)} entries for {len(loops)} scales")
-        if fusion is not None and fusion not in FUSION_MODES:
-            raise ValueError(f"unknown fusion {fusion!r}; choose None or one of {FUSION_MODES}")
+        passes = [int(v) for v in passes]
+        if num_blocks < 1 or not passes or min(passes) < 1:
+            raise ValueError(f"LoopedCore needs num_blocks >= 1 and passes >= 1, got K={num_blocks}, passes={passes}")
+        if window_sizes is not None and len(window_sizes) != len(passes):
+            raise ValueError(f"window_sizes has {len(window_sizes)} entries for {len(passes)} stages")
         self.num_blocks = num_blocks
-        self.loops = loops
+        self.passes = passes
         self.sharing = sharing
-        self.channels_last = channels_last
-        self.window_sizes = list(window_sizes) if window_sizes is not None else [None] * len(loops)
+        self.features_last = features_last
+        self.window_sizes = list(window_sizes) if window_sizes is not None else [None] * len(passes)
         self.solver = solver
         self.block_call = block_call
         self.gradient_checkpointing = False
         self.hooks: LoopHooks | None = None
 
-        self.embedding = ScaleLoopEmbedding(len(loops), max(loops), cond_dim or dim) if conditioning else None
-        self.blocks = nn.ModuleList(block_factory() for _ in range(stored_block_count(num_blocks, loops, sharing)))
-        self._offsets = [sum(loops[:s]) for s in range(len(loops))]
+        self.embedding = ScaleLoopEmbedding(len(passes), max(passes), cond_dim or dim) if conditioning else None
+        self.blocks = nn.ModuleList(block_factory() for _ in range(stored_block_count(num_blocks, passes, sharing)))
+        self._offsets = [sum(passes[:s]) for s in range(len(passes))]
         # Injection only exists where a stage has a second pass: unused parameters would break DDP.
-        proj = (lambda: nn.Linear(dim, dim)) if channels_last else (lambda: nn.Conv2d(dim, dim, 1))
-        injected = [s for s, n in enumerate(loops) if n > 1] if injection else []
+        proj = (lambda: nn.Linear(dim, dim)) if features_last else (lambda: nn.Conv2d(dim, dim, 1))
+        injected = [s for s, n in enumerate(passes) if n > 1] if injection else []
         self.injections = nn.ModuleDict({str(s): proj() for s in injected})
         self.injection_gates = nn.ParameterDict({str(s): nn.Parameter(torch.zeros(())) for s in injected})
         self.fusions = None
-        self.fusion_mode = None
-        if fusion is not None:
-            self.add_fusion(fusion, dim)
+        self.fusion_mode = "last"
+        self.add_fusion(fusion_mode, dim)
 
     def add_fusion(self, mode: str, dim: int) -> None:
         """Create the SoftMoR routers (``mode``) of every stage with more than one pass; once, before training.
 
-        The constructor calls it for ``fusion=...``; a model that must draw its routers' initial weights after
-        its other parameters (to keep a seeded initialisation stable) builds the core without and calls it.
+        ``last`` creates nothing (plain recursion). The constructor calls it for ``fusion_mode=...``; a model that
+        must draw its routers' initial weights after its other parameters (to keep a seeded initialisation
+        stable) builds the core without and calls it.
         """
         if self.fusions is not None:
             raise RuntimeError(f"this core already fuses with {self.fusion_mode!r}")
+        if mode not in FUSION_MODES:
+            raise ValueError(f"unknown fusion_mode {mode!r}; choose one of {FUSION_MODES}")
         if mode == "last":
             return
-        if mode not in FUSION_MODES:
-            raise ValueError(f"unknown fusion {mode!r}; choose None or one of {FUSION_MODES}")
         self.fusion_mode = mode
         self.fusions = nn.ModuleDict(
-            {str(s): SoftMoRFusion(dim, n, mode, self.channels_last) for s, n in enumerate(self.loops) if n > 1}
+            {str(s): SoftMoRFusion(dim, n, mode, self.features_last) for s, n in enumerate(self.passes) if n > 1}
         )
 
     # -- structure -----------------------------------------------------------------------------
     @property
     def num_scales(self) -> int:
-        return len(self.loops)
+        return len(self.passes)
 
     @property
     def applications(self) -> int:
         """Block applications in one full forward over all scales: ``K * sum(L)``."""
-        return self.num_blocks * sum(self.loops)
+        return self.num_blocks * sum(self.passes)
 
     def block_index(self, scale: int, loop: int, slot: int) -> int:
         """Index into ``self.blocks`` of the block run in ``slot`` of pass ``loop`` at ``scale``."""
@@ -211,16 +214,16 @@ class LoopedCore(nn.Module):
 
     def forward(
         self, h0: torch.Tensor, scale: int, hooks: LoopHooks | None = None, return_passes: bool = False,
-        passes: int | None = None, fuse: bool = True,
+        num_passes: int | None = None, fuse: bool = True,
     ) -> StageOutput:
         """Run the stage at ``scale`` from its input ``h0``.
 
         Args:
-            h0: stage input, ``(B, C, H, W)`` or ``(B, ..., C)`` per ``channels_last``.
-            scale: scale index into ``loops``.
+            h0: stage input, ``(B, C, H, W)`` or ``(B, ..., C)`` per ``features_last``.
+            scale: the stage's scale index into ``passes``.
             hooks: interventions / recording (default: the ones installed with :meth:`use_hooks`).
             return_passes: also return every pass output (deep supervision, analysis).
-            passes: run this many passes instead of ``loops[scale]``; more than trained (beyond the horizon)
+            num_passes: run this many passes instead of ``passes[scale]``; more than trained (beyond the horizon)
                 needs a core without conditioning and with stored blocks shared across passes; SoftMoR then
                 extrapolates (passes past ``L_s`` share the last pass's router bias). Hooks' prefixes refer
                 to this count.
@@ -232,15 +235,15 @@ class LoopedCore(nn.Module):
         if not 0 <= scale < self.num_scales:
             raise IndexError(f"scale {scale} outside [0, {self.num_scales})")
         hooks = hooks if hooks is not None else self.hooks
-        loops = self.loops[scale] if passes is None else int(passes)
-        if loops < 1:
-            raise ValueError(f"passes must be >= 1, got {loops}")
-        if loops > self.loops[scale] and (self.embedding is not None or self.sharing == "none"):
+        planned = self.passes[scale] if num_passes is None else int(num_passes)
+        if planned < 1:
+            raise ValueError(f"num_passes must be >= 1, got {planned}")
+        if planned > self.passes[scale] and (self.embedding is not None or self.sharing == "none"):
             raise ValueError(
-                f"{loops} passes at scale {scale} exceed the trained {self.loops[scale]}: only a core without "
+                f"{planned} passes at scale {scale} exceed the trained {self.passes[scale]}: only a core without "
                 "conditioning and with shared blocks (sharing global or scale) can run beyond its horizon"
             )
-        n_run = hooks.passes_to_run(scale, loops) if hooks is not None else loops
+        n_run = hooks.passes_to_run(scale, planned) if hooks is not None else planned
         fuses = fuse and self.fusions is not None
         keep = return_passes or fuses
         outputs: list[torch.Tensor] = []
@@ -267,7 +270,7 @@ class LoopedCore(nn.Module):
             if keep:
                 outputs.append(out)
         if fuses and len(outputs) > 1:
-            fused = self.fusions[str(scale)](outputs, extrapolate=len(outputs) > self.loops[scale], context=h0)
+            fused = self.fusions[str(scale)](outputs, extrapolate=len(outputs) > self.passes[scale], context=h0)
             return StageOutput(fused.fused, outputs, fused.weights)
         return StageOutput(h, outputs if return_passes else None, None)
 

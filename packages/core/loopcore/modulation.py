@@ -32,11 +32,11 @@ from .conv_operator import ConvOperator
 class BlockOperator(Protocol):
     """What a :class:`ModulatedBlock` needs from its operator.
 
-    ``channels_last`` says where the channel axis is: ``False`` for ``(B, C, H, W)`` feature
+    ``features_last`` says where the channel axis is: ``False`` for ``(B, C, H, W)`` feature
     maps, ``True`` for ``(B, ..., C)`` token grids or sequences.
     """
 
-    channels_last: bool
+    features_last: bool
     norm1: nn.Module
     norm2: nn.Module
     mlp: nn.Module
@@ -44,15 +44,15 @@ class BlockOperator(Protocol):
     def mix(self, x: torch.Tensor, window_size: int | None = None) -> torch.Tensor: ...
 
 
-def broadcast_modulation(vec: torch.Tensor, like: torch.Tensor, channels_last: bool) -> torch.Tensor:
+def broadcast_modulation(vec: torch.Tensor, like: torch.Tensor, features_last: bool) -> torch.Tensor:
     """Reshape a ``(C,)`` or ``(B, C)`` modulation vector so it broadcasts over ``like``.
 
-    Returns shape ``(B|1, 1, ..., 1, C)`` when ``channels_last`` else ``(B|1, C, 1, ..., 1)``.
+    Returns shape ``(B|1, 1, ..., 1, C)`` when ``features_last`` else ``(B|1, C, 1, ..., 1)``.
     """
     if vec.ndim == 1:
         vec = vec.unsqueeze(0)
     spatial = like.ndim - 2
-    if channels_last:
+    if features_last:
         return vec.reshape(vec.shape[0], *([1] * spatial), vec.shape[1])
     return vec.reshape(vec.shape[0], vec.shape[1], *([1] * spatial))
 
@@ -72,7 +72,7 @@ class ModulatedBlock(nn.Module):
     Args:
         dim: feature width ``C``.
         cond_dim: width of the conditioning vector ``c``.
-        operator: module providing ``norm1``, ``mix`` (M1), ``norm2``, ``mlp`` (M2) and ``channels_last``.
+        operator: module providing ``norm1``, ``mix`` (M1), ``norm2``, ``mlp`` (M2) and ``features_last``.
     """
 
     def __init__(self, dim: int, cond_dim: int, operator: nn.Module) -> None:
@@ -110,7 +110,7 @@ class ModulatedBlock(nn.Module):
         if modulation.ndim == 1 and self.fused and hasattr(op, "modulated_forward"):
             return op.modulated_forward(x, modulation.chunk(6), window_size)
         params = modulation.chunk(6, dim=-1)
-        b1, g1, a1, b2, g2, a2 = (broadcast_modulation(p, x, op.channels_last) for p in params)
+        b1, g1, a1, b2, g2, a2 = (broadcast_modulation(p, x, op.features_last) for p in params)
         v = x + a1 * op.mix((1 + g1) * op.norm1(x) + b1, window_size)
         return v + a2 * op.mlp((1 + g2) * op.norm2(v) + b2)
 

@@ -21,7 +21,7 @@ the fused state is ``sum_r alpha_r h^(r)``. Modes:
   5% budget) while ``query`` adds 1.8% / 0.7% and matched ``token``'s accuracy in the recurrence study
   (docs/benchmarks.md, docs/study_recursion.md).
 
-Tokens are pixels for ``(B, C, H, W)`` maps (``channels_last=False``) and the leading positions
+Tokens are pixels for ``(B, C, H, W)`` maps (``features_last=False``) and the leading positions
 for ``(B, ..., C)`` tensors.
 """
 
@@ -62,10 +62,10 @@ class SoftMoRFusion(nn.Module):
         dim: channels ``d`` of each state.
         steps: maximum number of steps ``R`` that will be fused (prefixes of fewer steps are allowed).
         mode: one of ``last``, ``mean``, ``global``, ``token``, ``query`` (default).
-        channels_last: layout of the states (see module docstring).
+        features_last: layout of the states (see module docstring).
     """
 
-    def __init__(self, dim: int, steps: int, mode: FusionMode = "query", channels_last: bool = True) -> None:
+    def __init__(self, dim: int, steps: int, mode: FusionMode = "query", features_last: bool = True) -> None:
         super().__init__()
         if mode not in FUSION_MODES:
             raise ValueError(f"unknown SoftMoR mode {mode!r}; choose one of {FUSION_MODES}")
@@ -73,7 +73,7 @@ class SoftMoRFusion(nn.Module):
             raise ValueError(f"SoftMoR needs steps >= 1, got {steps}")
         self.mode = mode
         self.steps = steps
-        self.channels_last = channels_last
+        self.features_last = features_last
         if mode == "global":
             self.step_logits = nn.Parameter(torch.zeros(steps))
         elif mode == "token":
@@ -110,14 +110,14 @@ class SoftMoRFusion(nn.Module):
             )
         ref = states[-1]
         b = ref.shape[0]
-        token_dims = ref.shape[1:-1] if self.channels_last else ref.shape[2:]
+        token_dims = ref.shape[1:-1] if self.features_last else ref.shape[2:]
         if self.mode == "last":
             weights = torch.zeros(b, r, *token_dims, device=ref.device, dtype=ref.dtype)
             weights[:, -1] = 1
             return FusionOutput(ref, weights)
         # Per-step router GEMMs and a running weighted sum: no (B, *tokens, R, C) stack is materialised,
         # which on CPU is cheaper in time and memory than one batched GEMM over a stacked copy.
-        hs = [h if self.channels_last else h.movedim(1, -1) for h in states]
+        hs = [h if self.features_last else h.movedim(1, -1) for h in states]
         logit_shape = (*hs[-1].shape[:-1], r)
         if self.mode == "mean":
             logits = torch.zeros(logit_shape, device=ref.device, dtype=torch.float32)
@@ -127,7 +127,7 @@ class SoftMoRFusion(nn.Module):
             if context is None:
                 raise ValueError("SoftMoR 'query' fusion scores each step against a query from the state the "
                                  "passes started from: pass context= (same shape as a state)")
-            start = context if self.channels_last else context.movedim(1, -1)
+            start = context if self.features_last else context.movedim(1, -1)
             dim = start.shape[-1]
             query = self.query(start).unsqueeze(-2)  # (B, *tokens, 1, C)
             # token-wise dot products as (1 x C) @ (C x 1) matmuls: no (B, *tokens, C) product tensor
@@ -140,7 +140,7 @@ class SoftMoRFusion(nn.Module):
         fused = hs[0] * weights[..., :1]
         for i in range(1, r):
             fused = torch.addcmul(fused, hs[i], weights[..., i : i + 1])
-        if not self.channels_last:
+        if not self.features_last:
             fused = fused.movedim(-1, 1)
         return FusionOutput(fused, weights.movedim(-1, 1))
 

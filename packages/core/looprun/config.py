@@ -12,6 +12,8 @@ import argparse
 import dataclasses
 import types
 import typing
+import warnings
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -22,6 +24,44 @@ T = TypeVar("T")
 
 class ConfigError(ValueError):
     """A configuration key or value is wrong; the message says which and what to do."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RenamedKey:
+    """A configuration key that was renamed: the old name still loads, read as ``new`` (``convert``-ed).
+
+    ``convert`` maps the old value to the new key's value (e.g. ``channels_last: true`` ->
+    ``memory_format: channels_last``); ``None`` keeps the value as it is.
+    """
+
+    new: str
+    convert: Callable[[Any], Any] | None = None
+
+
+def upgrade_renamed_keys(config: Mapping[str, Any], renamed: Mapping[str, RenamedKey], source: str) -> dict[str, Any]:
+    """A copy of ``config`` with every deprecated key of ``renamed`` read under its new name.
+
+    Each old key found warns (``FutureWarning``, naming ``source``, the old and the new key) so that
+    existing configs, runs and releases keep loading while their owners learn the new name. Giving both
+    names with different values is a :class:`ConfigError`: neither can be dropped silently.
+    """
+    out = dict(config)
+    for old, spec in renamed.items():
+        if old not in out:
+            continue
+        value = out.pop(old)
+        new_value = spec.convert(value) if spec.convert is not None else value
+        if spec.new in out and out[spec.new] != new_value:
+            raise ConfigError(
+                f"{source}: the deprecated key {old!r} (read as {spec.new}={new_value!r}) and {spec.new}="
+                f"{out[spec.new]!r} disagree; keep only {spec.new!r}"
+            )
+        warnings.warn(
+            f"{source}: config key {old!r} is deprecated and was read as {spec.new}={new_value!r}; "
+            f"rename it to {spec.new!r}", FutureWarning, stacklevel=3,
+        )
+        out[spec.new] = new_value
+    return out
 
 
 def _coerce(name: str, value: Any, annotation: Any) -> Any:
@@ -112,7 +152,9 @@ def apply_updates(config: T, updates: dict[str, Any], source: str) -> T:
     A dotted key (``model_overrides.patch_size``) sets one entry inside a mapping field and keeps the
     field's other entries (the preset's), where a plain key replaces the whole value. Keys apply in order,
     so a later update of the same key wins. ``source`` names where the updates came from, for errors.
+    A schema's ``RENAMED_KEYS`` (``{old: RenamedKey}``) are read under their new names, with a warning.
     """
+    updates = upgrade_renamed_keys(updates, getattr(type(config), "RENAMED_KEYS", {}), source)
     hints = typing.get_type_hints(type(config))
     fields = {f.name for f in dataclasses.fields(config)}
     changes: dict[str, Any] = {}

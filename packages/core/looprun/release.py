@@ -15,7 +15,7 @@ import inspect
 import json
 import os
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,7 @@ from looprun.checkpoint import (
     sha256_file,
     write_durable,
 )
+from looprun.config import RenamedKey, upgrade_renamed_keys
 
 WEIGHTS_NAME = "diffusion_pytorch_model.safetensors"  # diffusers' SAFETENSORS_WEIGHTS_NAME
 LEGACY_WEIGHTS_NAME = "model.safetensors"  # releases written before the diffusers layout
@@ -213,15 +214,38 @@ class ReleaseLoadingMixin:
     bit-identically to the one that was saved, and releases the file mapping.
     """
 
+    # {old key: RenamedKey}: constructor arguments that were renamed; configs with the old name still load
+    RENAMED_CONFIG_KEYS: dict[str, RenamedKey] = {}
+
+    @classmethod
+    def upgrade_config(cls, config: Mapping[str, Any], source: str | Path = "config") -> dict[str, Any]:
+        """``config`` (a ``config.json`` or keyword overrides) with renamed keys read under their new names.
+
+        Every old key warns (``FutureWarning``) and names ``source``; models with a rename that is more
+        than a new name override this and call ``super()``.
+        """
+        return upgrade_renamed_keys(config, cls.RENAMED_CONFIG_KEYS, str(source))
+
     @classmethod
     def load_config(cls, *args, **kwargs):
-        """diffusers' ``load_config``, plus a type check of every key against the constructor's defaults,
-        so a hand-edited ``config.json`` fails with the file and key instead of deep inside ``__init__``."""
+        """diffusers' ``load_config``, with renamed keys upgraded (:meth:`upgrade_config`) and a type check of
+        every key against the constructor's defaults, so a hand-edited ``config.json`` fails with the file
+        and key instead of deep inside ``__init__``."""
         loaded = super().load_config(*args, **kwargs)
         config = loaded[0] if isinstance(loaded, tuple) else loaded
         source = Path(args[0]) / "config.json" if args and Path(args[0]).is_dir() else (args[0] if args else "config")
+        upgraded = cls.upgrade_config(config, source)
+        config.clear()
+        config.update(upgraded)
         check_config_types(cls, config, source)
         return loaded
+
+    @classmethod
+    def from_config(cls, config=None, **kwargs):
+        """diffusers' ``from_config``, with renamed keys of a plain ``config`` dict upgraded first."""
+        if isinstance(config, Mapping):
+            config = cls.upgrade_config(config, "from_config")
+        return super().from_config(config, **kwargs)
 
     @classmethod
     def from_pretrained(cls, *args, **kwargs):

@@ -6,7 +6,8 @@ main), ``loopvae-vit-f8d16``, ``loopvae-multi``, ``loopvae-cnn-tiny`` (CPU demo)
 FLUX layout at CPU size, the matched reference of the LoopVAE study).
 """
 
-from .model import DecoderPasses, LoopDecoder, LoopEncoder, LoopVAE
+from .branches import DecoderPasses, LoopDecoder, LoopEncoder
+from .model import LoopVAE
 from .registry import create_model, list_models, register_model
 from .tiling import tile_starts, tiled_apply
 

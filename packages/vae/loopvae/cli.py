@@ -7,7 +7,7 @@ import sys
 
 from looprun.cli_errors import non_negative_int, positive_int
 from looprun.config import add_override_argument
-from looprun.speed import add_speed_arguments, apply_speed_arguments
+from looprun.speed import MEMORY_FORMATS, add_speed_arguments, apply_speed_arguments
 
 DATA_HELP = ("WebDataset shards (brace pattern, glob, directory of *.tar, comma-separated list) or a folder of "
              "image files (read recursively, sorted)")
@@ -29,9 +29,10 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", required=True, help="preset name or YAML file")
     p.add_argument("--data", required=True, help=DATA_HELP)
     p.add_argument("--out", required=True, help="run directory (checkpoints, tb/, release/, train.log)")
-    p.add_argument("--compile", action="store_true",
-                   help="torch.compile the tokenizer (same as --set compile=true; the memory format is the "
-                        "config key channels_last)")
+    p.add_argument("--compile", action="store_true", help="torch.compile the tokenizer (same as --set compile=true)")
+    p.add_argument("--memory-format", choices=tuple(MEMORY_FORMATS), default=None,
+                   help="torch memory format of the activations (same as --set memory_format=...; default: the "
+                        "config's, channels_last)")
     add_speed_arguments(p, memory_format=False, compile=False)
     add_override_argument(p)
 
@@ -40,7 +41,9 @@ def _train(args: argparse.Namespace) -> int:
     from .train_config import load_train_config
     from .trainer import NonFiniteLossError, train
 
-    config = load_train_config(args.config, args.set + (["compile=true"] if args.compile else []))
+    flags = (["compile=true"] if args.compile else []) + (
+        [f"memory_format={args.memory_format}"] if args.memory_format else [])
+    config = load_train_config(args.config, args.set + flags)
     try:
         result = train(config, args.data, args.out)
     except NonFiniteLossError as err:

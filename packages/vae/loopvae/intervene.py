@@ -57,7 +57,7 @@ def _stage_names(model: LoopVAE) -> dict[str, list[str]]:
 
 def count_runs(model: LoopVAE) -> int:
     """Forward passes :func:`run_interventions` makes: baseline, recording, and per stage L prefixes + L bypasses."""
-    return 2 + sum(2 * loops for core in (model.encoder.core, model.decoder.core) for loops in core.loops)
+    return 2 + sum(2 * n for core in (model.encoder.core, model.decoder.core) for n in core.passes)
 
 
 @torch.no_grad()
@@ -92,23 +92,23 @@ def run_interventions(
     names = _stage_names(model)
     stages = []
     for branch, core in (("encoder", enc), ("decoder", dec)):
-        for s, loops in enumerate(core.loops):
+        for s, n_passes in enumerate(core.passes):
             prefix = []
-            for k in range(1, loops + 1):
+            for k in range(1, n_passes + 1):
                 out = run(branch, lc.LoopHooks(prefix={s: k}))
-                if k == loops and not torch.equal(out, baseline):
+                if k == n_passes and not torch.equal(out, baseline):
                     raise RuntimeError(f"full prefix of {branch} {names[branch][s]} differs from the baseline")
                 prefix.append({"passes": k, **_summary(score(out, images))})
             bypass = [
                 {"pass": t, **_summary(score(run(branch, lc.LoopHooks(bypass={(s, t)})), images))}
-                for t in range(loops)
+                for t in range(n_passes)
             ]
             updates = []
-            for t in range(loops):
+            for t in range(n_passes):
                 records = recorders[branch].records
                 values = torch.cat([r.relative_update for r in records if (r.scale, r.loop) == (s, t)])
                 updates.append(float(values.mean()))
-            stages.append({"branch": branch, "scale": names[branch][s], "stage_index": s, "passes": loops,
+            stages.append({"branch": branch, "scale": names[branch][s], "stage_index": s, "passes": n_passes,
                            "prefix": prefix, "bypass": bypass, "relative_update": updates})
     bar.close()
     return {"num_images": images.shape[0], "baseline": _summary(score(baseline, images)), "stages": stages,

@@ -1,8 +1,8 @@
 """LoopVAE: a recurrent hierarchical KL image tokenizer (arXiv 2609.11516) as a diffusers model.
 
 Encoder: stride-2 stem -> stages at 2x, 4x, 8x, ... (each a run of the encoder's looped core with
-``encoder_loops[s]`` passes, stride-2 transitions between them) -> posterior head(s).
-Decoder: latent projection -> stages from the latent's factor down to 2x (``decoder_loops``,
+``encoder_passes[s]`` passes, stride-2 transitions between them) -> posterior head(s).
+Decoder: latent projection -> stages from the latent's factor down to 2x (``decoder_passes``,
 coarse to fine, nearest-upsample transitions) -> output head to full resolution. Encoder and
 decoder own separate :class:`loopcore.LoopedCore` instances; stem, transitions, injections and heads
 are never shared. The multi-resolution variant has posterior heads at several factors and a
@@ -16,133 +16,24 @@ The public surface is diffusers' ``AutoencoderKL``: ``encode`` -> ``AutoencoderK
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.autoencoders.vae import AutoencoderMixin, DecoderOutput, DiagonalGaussianDistribution
 from diffusers.models.modeling_outputs import AutoencoderKLOutput
 from diffusers.models.modeling_utils import ModelMixin
-from torch import nn
 
 import loopcore as lc
+from looprun.config import ConfigError, RenamedKey
 from looprun.release import ReleaseLoadingMixin
 
-from .layers import Downsample, LatentProjection, OutputHead, PosteriorHead, Stem, Upsample
+from .branches import DecoderPasses, LoopDecoder, LoopEncoder
 from .tiling import tiled_apply
 
-FUSIONS = ("none", "softmor")
 # What a config.json without a ``shortcuts`` key was built with (every release before the key existed).
 LEGACY_SHORTCUTS = True
-
-
-def _make_core(
-    width: int, num_blocks: int, loops: Sequence[int], block_type: str, num_heads: int, mlp_ratio: float,
-    kernel_size: int, expansion: int, windows: Sequence[int | None] | None, sharing: str, fusion: str,
-    fusion_mode: str, norm_groups: int,
-) -> lc.LoopedCore:
-    if block_type == "conv":
-        if windows is not None and any(w is not None for w in windows):
-            raise ValueError("attention windows were given for a conv LoopVAE; set block_type='attention'")
-        factory = lc.block_factory(
-            "conv", width, width, kernel_size=kernel_size, expansion=expansion, groups=norm_groups
-        )
-    elif block_type == "attention":
-        factory = lc.block_factory("attention", width, width, num_heads=num_heads, mlp_ratio=mlp_ratio)
-    else:
-        raise ValueError(f"unknown block_type {block_type!r}; choose 'conv' or 'attention'")
-    return lc.LoopedCore(
-        factory, num_blocks, loops, width, sharing=sharing, channels_last=block_type == "attention",
-        window_sizes=windows, fusion=fusion_mode if fusion == "softmor" else None,
-    )
-
-
-def run_stage(core: lc.LoopedCore, h: torch.Tensor, scale: int, return_passes: bool = False) -> lc.StageOutput:
-    """Run one core stage on an NCHW map, converting to the core's layout and back."""
-    if not core.channels_last:
-        return core(h, scale, return_passes=return_passes)
-    out = core(h.permute(0, 2, 3, 1), scale, return_passes=return_passes)
-    to_nchw = lambda t: t.permute(0, 3, 1, 2)
-    passes = [to_nchw(p) for p in out.pass_outputs] if out.pass_outputs is not None else None
-    return lc.StageOutput(to_nchw(out.output), passes, out.fusion_weights)
-
-
-class LoopEncoder(nn.Module):
-    """Image ``(B, 3, H, W)`` -> posterior moments ``{factor: (B, 2 z_f, H/f, W/f)}``."""
-
-    def __init__(
-        self, in_channels: int, width: int, loops: Sequence[int], heads: dict[int, int], shortcuts: bool = False,
-        **core_kwargs,
-    ) -> None:
-        super().__init__()
-        self.factors = [2 ** (s + 1) for s in range(len(loops))]
-        groups = core_kwargs["norm_groups"]
-        self.stem = Stem(in_channels, width, groups, shortcuts=shortcuts)
-        self.core = _make_core(width, loops=loops, **core_kwargs)
-        self.downs = nn.ModuleList(Downsample(width, shortcuts) for _ in range(len(loops) - 1))
-        self.heads = nn.ModuleDict(
-            {str(f): PosteriorHead(width, c, groups, shortcuts=shortcuts) for f, c in sorted(heads.items())}
-        )
-
-    def forward(self, x: torch.Tensor, factors: Sequence[int]) -> dict[int, torch.Tensor]:
-        deepest = max(factors)
-        h = self.stem(x)
-        moments = {}
-        for s, factor in enumerate(self.factors):
-            if s > 0:
-                h = self.downs[s - 1](h)
-            h = run_stage(self.core, h, s).output
-            if factor in factors:
-                moments[factor] = self.heads[str(factor)](h)
-            if factor == deepest:
-                break
-        return moments
-
-
-@dataclass
-class DecoderPasses:
-    """Decoder output plus the output head applied to every pass of the finest stage.
-
-    ``sample``: ``(B, 3, H, W)``; ``pass_samples``: one image per executed pass of the last stage,
-    the last of which is ``sample`` (deep supervision of truncated decoders).
-    """
-
-    sample: torch.Tensor
-    pass_samples: list[torch.Tensor]
-
-
-class LoopDecoder(nn.Module):
-    """Latent ``(B, z_f, h, w)`` entering at factor ``f`` -> image ``(B, 3, f h, f w)``."""
-
-    def __init__(
-        self, out_channels: int, width: int, loops: Sequence[int], entries: dict[int, int], shortcuts: bool = False,
-        **core_kwargs,
-    ) -> None:
-        super().__init__()
-        self.factors = [2 ** (len(loops) - s) for s in range(len(loops))]  # coarse -> fine
-        groups = core_kwargs["norm_groups"]
-        self.inputs = nn.ModuleDict(
-            {str(f): LatentProjection(c, width, groups, shortcuts=shortcuts) for f, c in sorted(entries.items())}
-        )
-        self.core = _make_core(width, loops=loops, **core_kwargs)
-        self.ups = nn.ModuleList(Upsample(width, shortcuts) for _ in range(len(loops) - 1))
-        self.head = OutputHead(width, out_channels, groups, shortcuts=shortcuts)
-
-    def forward(self, z: torch.Tensor, factor: int, return_passes: bool = False) -> torch.Tensor | DecoderPasses:
-        start = self.factors.index(factor)
-        h = self.inputs[str(factor)](z)
-        last = len(self.factors) - 1
-        for s in range(start, len(self.factors)):
-            if s > start:
-                h = self.ups[s - 1](h)
-            stage = run_stage(self.core, h, s, return_passes=return_passes and s == last)
-            h = stage.output
-        sample = self.head(h)
-        if not return_passes:
-            return sample
-        passes = [self.head(p) for p in stage.pass_outputs[:-1]] + [sample]
-        return DecoderPasses(sample, passes)
 
 
 class LoopVAE(ReleaseLoadingMixin, ModelMixin, AutoencoderMixin, ConfigMixin):
@@ -158,12 +49,14 @@ class LoopVAE(ReleaseLoadingMixin, ModelMixin, AutoencoderMixin, ConfigMixin):
         block_type: ``conv`` (ConvNeXt operator) or ``attention`` (DiT operator with 2-D RoPE).
         num_heads, mlp_ratio: attention operator settings.
         kernel_size, expansion: conv operator settings.
-        encoder_loops: passes per encoder stage, fine to coarse (2x first).
-        decoder_loops: passes per decoder stage, coarse to fine (2x last).
+        encoder_passes: passes per encoder stage, fine to coarse (2x first) (``encoder_loops`` in older configs).
+        decoder_passes: passes per decoder stage, coarse to fine (2x last) (``decoder_loops`` in older configs).
         encoder_windows, decoder_windows: attention window side per stage (``None`` = global).
         sharing: ``global`` | ``scale`` | ``none`` (stored blocks per branch K / K S / K sum L).
-        fusion: ``none`` or ``softmor`` (fuse each stage's pass outputs before its transition).
-        fusion_mode: SoftMoR mode when ``fusion='softmor'`` (``query`` default; ``token`` the heavier router).
+        fusion_mode: how each stage's pass outputs become its output: ``last`` (plain recursion, the default) or
+            a SoftMoR mode fusing them before the transition (``query``; ``token`` the heavier router; see
+            :data:`loopcore.FUSION_MODES`). Older configs said ``fusion: none|softmor`` plus ``fusion_mode``;
+            they load as ``last`` / their ``fusion_mode``.
         norm_groups: GroupNorm groups in the conv blocks, stem and heads (32; narrow models want
             several channels per group, or the normalisation erases per-image colour statistics).
         shortcuts: parameter-free DC-AE-style paths around the stem, transitions and heads (our
@@ -200,13 +93,12 @@ class LoopVAE(ReleaseLoadingMixin, ModelMixin, AutoencoderMixin, ConfigMixin):
         mlp_ratio: float = 4.0,
         kernel_size: int = 7,
         expansion: int = 4,
-        encoder_loops: Sequence[int] = (1, 2, 4),
-        decoder_loops: Sequence[int] = (1, 2, 4),
+        encoder_passes: Sequence[int] = (1, 2, 4),
+        decoder_passes: Sequence[int] = (1, 2, 4),
         encoder_windows: Sequence[int | None] | None = None,
         decoder_windows: Sequence[int | None] | None = None,
         sharing: str = "global",
-        fusion: str = "none",
-        fusion_mode: str = "query",
+        fusion_mode: str = "last",
         norm_groups: int = 32,
         shortcuts: bool = False,
         sample_size: int = 256,
@@ -230,20 +122,18 @@ class LoopVAE(ReleaseLoadingMixin, ModelMixin, AutoencoderMixin, ConfigMixin):
                 f"pipelines read 2 ** (len - 1) as the latent factor, so latent_factor {latent_factor} needs "
                 f"{levels} (or leave it unset)"
             )
-        if len(encoder_loops) != len(decoder_loops):
+        if len(encoder_passes) != len(decoder_passes):
             raise ValueError(
-                f"encoder_loops {list(encoder_loops)} and decoder_loops {list(decoder_loops)} "
+                f"encoder_passes {list(encoder_passes)} and decoder_passes {list(decoder_passes)} "
                 "need one entry per scale each"
             )
-        if fusion not in FUSIONS:
-            raise ValueError(f"unknown fusion {fusion!r}; choose one of {FUSIONS}")
         latents = {int(latent_factor): int(latent_channels)}
         for pair in extra_latents:
             factor, channels = (int(v) for v in pair)
             if factor in latents:
                 raise ValueError(f"extra_latents repeats factor {factor}")
             latents[factor] = channels
-        scales = [2 ** (s + 1) for s in range(len(encoder_loops))]
+        scales = [2 ** (s + 1) for s in range(len(encoder_passes))]
         for factor in latents:
             if factor not in scales:
                 raise ValueError(f"latent factor {factor} is not one of the model's scales {scales}")
@@ -252,18 +142,42 @@ class LoopVAE(ReleaseLoadingMixin, ModelMixin, AutoencoderMixin, ConfigMixin):
         self.latent_channels_by_factor = latents
         core_kwargs = dict(
             num_blocks=num_blocks, block_type=block_type, num_heads=num_heads, mlp_ratio=mlp_ratio,
-            kernel_size=kernel_size, expansion=expansion, sharing=sharing, fusion=fusion, fusion_mode=fusion_mode,
+            kernel_size=kernel_size, expansion=expansion, sharing=sharing, fusion_mode=fusion_mode,
             norm_groups=norm_groups,
         )
         self.encoder = LoopEncoder(
-            in_channels, width, encoder_loops, latents, shortcuts=shortcuts, windows=encoder_windows, **core_kwargs
+            in_channels, width, encoder_passes, latents, shortcuts=shortcuts, windows=encoder_windows, **core_kwargs
         )
         self.decoder = LoopDecoder(
-            out_channels, width, decoder_loops, latents, shortcuts=shortcuts, windows=decoder_windows, **core_kwargs
+            out_channels, width, decoder_passes, latents, shortcuts=shortcuts, windows=decoder_windows, **core_kwargs
         )
         self.use_slicing = False
         self.use_tiling = False
         self.tile_sample_size = sample_size
+
+    RENAMED_CONFIG_KEYS = {"encoder_loops": RenamedKey("encoder_passes"), "decoder_loops": RenamedKey("decoder_passes")}
+    LEGACY_FUSIONS = ("none", "softmor")
+
+    @classmethod
+    def upgrade_config(cls, config, source="config") -> dict:
+        """Renamed keys (:attr:`RENAMED_CONFIG_KEYS`), and the old ``fusion: none|softmor`` switch folded into
+        ``fusion_mode``: ``none`` -> ``last``, ``softmor`` -> the config's ``fusion_mode`` (``query`` when
+        absent, the default it was written with). Warns (``FutureWarning``) naming ``source``."""
+        config = dict(config)
+        if "fusion" in config:
+            fusion = config.pop("fusion")
+            if fusion not in cls.LEGACY_FUSIONS:
+                raise ConfigError(
+                    f"{source}: the deprecated key 'fusion' must be one of {cls.LEGACY_FUSIONS}, got {fusion!r}; "
+                    f"write fusion_mode (one of {lc.FUSION_MODES}) instead"
+                )
+            mode = "last" if fusion == "none" else config.get("fusion_mode", "query")
+            warnings.warn(
+                f"{source}: config keys 'fusion' (deprecated) and 'fusion_mode' were read as fusion_mode={mode!r}; "
+                "write fusion_mode alone ('last' = no fusion)", FutureWarning, stacklevel=2,
+            )
+            config["fusion_mode"] = mode
+        return super().upgrade_config(config, source)
 
     @classmethod
     def load_config(cls, *args, **kwargs):

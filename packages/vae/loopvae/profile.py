@@ -48,7 +48,7 @@ def analytic_stage_share(model: LoopVAE, resolution: int) -> dict[str, float]:
         for s, factor in enumerate(part.factors):
             if branch == "decoder" and factor > model.config.latent_factor:
                 continue  # stages above the primary latent do not run in a reconstruction
-            work[f"{branch} {factor}x"] = (resolution // factor) ** 2 * part.core.loops[s]
+            work[f"{branch} {factor}x"] = (resolution // factor) ** 2 * part.core.passes[s]
     total = sum(work.values())
     return {k: v / total for k, v in work.items()}
 

@@ -17,10 +17,10 @@ from .reference import FLUX_VAE_CONFIG, FLUX_VAE_TINY_CONFIG, SD_VAE_CONFIG, ref
 
 _REGISTRY: dict[str, Callable[..., nn.Module]] = {}
 
-# The paper's main model: C=384, K=4, loops [1, 2, 4] per branch, f8d16.
+# The paper's main model: C=384, K=4, passes [1, 2, 4] per branch, f8d16.
 LOOPVAE_CNN_F8D16: dict[str, Any] = dict(
     width=384, num_blocks=4, block_type="conv", latent_channels=16, latent_factor=8,
-    encoder_loops=(1, 2, 4), decoder_loops=(1, 2, 4),
+    encoder_passes=(1, 2, 4), decoder_passes=(1, 2, 4),
 )
 # Same graph with DiT-style attention blocks (6 heads), 8x8 windows at the 2x and 4x scales.
 LOOPVAE_VIT_F8D16: dict[str, Any] = dict(
@@ -31,7 +31,7 @@ LOOPVAE_VIT_F8D16: dict[str, Any] = dict(
 LOOPVAE_MULTI: dict[str, Any] = dict(
     width=768, num_blocks=6, block_type="attention", num_heads=12,
     latent_channels=16, latent_factor=8, extra_latents=((16, 64), (32, 128)),
-    encoder_loops=(1, 1, 2, 3, 6), decoder_loops=(6, 3, 2, 1, 1),
+    encoder_passes=(1, 1, 2, 3, 6), decoder_passes=(6, 3, 2, 1, 1),
     encoder_windows=(8, 8, None, None, None), decoder_windows=(None, None, None, 8, 8),
 )
 # CPU-sized model for demos, tests and the LoopVAE study: same f8d16 graph, width 48, K=2, no shortcuts
@@ -39,7 +39,7 @@ LOOPVAE_MULTI: dict[str, Any] = dict(
 # shortcuts=True ablation). The bundled trained model (assets/models/loopvae-cnn-tiny) has this config.
 LOOPVAE_CNN_TINY: dict[str, Any] = dict(
     width=48, num_blocks=2, block_type="conv", latent_channels=16, latent_factor=8,
-    encoder_loops=(1, 2, 4), decoder_loops=(1, 2, 4), sample_size=128, norm_groups=8,
+    encoder_passes=(1, 2, 4), decoder_passes=(1, 2, 4), sample_size=128, norm_groups=8,
 )
 
 
@@ -69,7 +69,8 @@ def create_model(name: str, **overrides: Any) -> nn.Module:
 
 
 def _loopvae(defaults: dict[str, Any]) -> Callable[..., LoopVAE]:
-    return lambda **overrides: LoopVAE(**{**defaults, **overrides})
+    # Overrides may use a renamed key (a run's config.yaml written before the rename): read under the new name.
+    return lambda **overrides: LoopVAE(**{**defaults, **LoopVAE.upgrade_config(overrides, "model overrides")})
 
 
 register_model("loopvae-cnn-f8d16")(_loopvae(LOOPVAE_CNN_F8D16))

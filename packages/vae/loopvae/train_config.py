@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from looprun.config import ConfigError, resolve_config
+from looprun.config import ConfigError, RenamedKey, resolve_config
+from looprun.speed import MEMORY_FORMATS
 
 PRESETS_DIR = Path(__file__).parent / "configs"
 
@@ -39,7 +40,7 @@ class TrainConfig:
     ema_decay: float = 0.9999
     precision: str = "bf16"  # bf16 autocast on CUDA; CPU runs fp32
     gradient_checkpointing: bool = False
-    channels_last: bool = True  # torch.channels_last activations: faster convolutions and 1x1-as-GEMM (looprun.speed)
+    memory_format: str = "channels_last"  # torch layout of the activations (looprun.speed): channels_last | contiguous
     compile: bool = False  # torch.compile the training step's forward (loopvae train --compile)
     device: str = "auto"
     seed: int = 0
@@ -77,8 +78,15 @@ class TrainConfig:
     image_every: int = 500
     progress_bar: bool = True
 
+    # configs written before a key was renamed still load, with a warning (looprun.config.RenamedKey)
+    RENAMED_KEYS: ClassVar[dict[str, RenamedKey]] = {
+        "channels_last": RenamedKey("memory_format", lambda on: "channels_last" if on else "contiguous"),
+    }
+
     def validate(self) -> TrainConfig:
         """Cross-key checks; raises :class:`ConfigError` naming the key."""
+        if self.memory_format not in MEMORY_FORMATS:
+            raise ConfigError(f"memory_format must be one of {', '.join(MEMORY_FORMATS)}, got {self.memory_format!r}")
         if self.stage not in (1, 2):
             raise ConfigError(f"stage must be 1 or 2, got {self.stage}")
         if self.stage == 2 and self.discriminator == "none":

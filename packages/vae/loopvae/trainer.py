@@ -26,6 +26,7 @@ from looprun.distributed import average_gradients
 from looprun.optimization import EMA, make_scheduler
 from looprun.release import resolve_artifact
 from looprun.run_logger import RunLogger
+from looprun.speed import memory_format
 from looprun.training_loop import NonFiniteLossError, TrainingLoop, TrainResult
 
 from .diffaugment import diff_augment
@@ -155,7 +156,7 @@ class Trainer(TrainingLoop):
 
             torch.manual_seed(config.seed)  # identical initialisation on every rank
             self.vae = build_vae(config).to(dev)
-            self.memory_format = torch.channels_last if config.channels_last else torch.contiguous_format
+            self.memory_format = memory_format(config.memory_format)
             self.vae = self.vae.to(memory_format=self.memory_format)
             if config.gradient_checkpointing:
                 self.vae.enable_gradient_checkpointing()
