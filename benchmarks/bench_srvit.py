@@ -2,7 +2,10 @@
 
 1. ``vit-s`` against timm's ``deit_small_patch16_224`` (timm only as the peer being measured), with the
    same weights loaded into both, inference and a training step (forward + backward) at 224²;
-2. the cost of SoftMoR: ``srvit-s`` at R = 4 with ``fusion=query`` (the default) and ``token`` against ``fusion=last``.
+2. the cost of SoftMoR: ``srvit-s`` at R = 4 with ``fusion_mode=query`` (the default) and ``token`` against
+   ``fusion_mode=last``;
+3. whether the class-token-only last block application pays: logits-only ``model(x)`` against the same logits
+   through ``forward_head(forward_features(x))``, which computes every token (``vit-s``, ``srvit-s`` R = 4).
 
 Timings alternate between the models being compared (A B B A ...) and report the median, so drift in
 the shared machine's speed hits both alike. Usage:
@@ -100,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
                      t["timm"] / t["ours"]))
 
     fusions = ("token", "query", "last")
-    sr = {mode: srvit.create_model("srvit-s", recursion=4, fusion=mode) for mode in fusions}
+    sr = {mode: srvit.create_model("srvit-s", recursion=4, fusion_mode=mode) for mode in fusions}
     for mode in fusions[1:]:  # same trunk weights; only the routers differ
         sr[mode].load_state_dict(sr["token"].state_dict(), strict=False)
     xs = x[: max(1, args.batch // 4)]
@@ -108,13 +111,24 @@ def main(argv: list[str] | None = None) -> int:
     xst = xs
     sr_trn = alternate({m: train_step(model, xst) for m, model in sr.items()}, max(3, args.repeats // 2))
     with torch.device("meta"):
-        macs = {m: count_macs(srvit.create_model("srvit-s", recursion=4, fusion=m), torch.randn(1, 3, 224, 224))
+        macs = {m: count_macs(srvit.create_model("srvit-s", recursion=4, fusion_mode=m), torch.randn(1, 3, 224, 224))
                 for m in fusions}
     params = {m: count_parameters(model) for m, model in sr.items()}
     soft_rows = []
     for mode, t, n in (("inference", sr_inf, xs.shape[0]), ("train step", sr_trn, xst.shape[0])):
         for m in ("token", "query"):
             soft_rows.append((m, mode, n, n / t[m], n / t["last"], t[m] / t["last"] - 1))
+
+    # The head-only shortcut: same model, same logits (up to float rounding), the full last block or one token.
+    shortcut_rows = []
+    for name, model, xb in (("vit-s", ours, x), ("srvit-s R = 4 (query)", sr["query"], xs)):
+        model.eval()
+        with torch.inference_mode():
+            gap = float((model(xb[:2]) - model.forward_head(model.forward_features(xb[:2]))).abs().max())
+            t = alternate({"head only": lambda m=model, b=xb: m(b),
+                           "all tokens": lambda m=model, b=xb: m.forward_head(m.forward_features(b))}, args.repeats)
+        shortcut_rows.append((name, xb.shape[0], xb.shape[0] / t["head only"], xb.shape[0] / t["all tokens"],
+                              t["all tokens"] / t["head only"], gap))
 
     lines = [
         "## srvit throughput (CPU, fp32, 224²)", "",
@@ -130,14 +144,14 @@ def main(argv: list[str] | None = None) -> int:
         "| --- | --- | --- | --- |",
         *[f"| {name} | {a:.2f} | {b:.2f} | {r:.3f}× |" for name, a, b, r in rows],
         "",
-        "SoftMoR cost, `srvit-s` at R = 4: each fusion mode against plain recursion (`fusion=last`), the same "
+        "SoftMoR cost, `srvit-s` at R = 4: each fusion mode against plain recursion (`fusion_mode=last`), the same "
         "trunk weights, timed in one alternation.", "",
-        "| fusion | parameters | GMACs / image | MACs over `last` |",
+        "| fusion_mode | parameters | GMACs / image | MACs over `last` |",
         "| --- | --- | --- | --- |",
         *[f"| {m} | {params[m] / 1e6:.2f}M | {macs[m] / 1e9:.2f} | {100 * (macs[m] / macs['last'] - 1):+.1f}% |"
           for m in fusions],
         "",
-        "| fusion | mode | batch | images/s | `last` images/s | time over `last` |",
+        "| fusion_mode | mode | batch | images/s | `last` images/s | time over `last` |",
         "| --- | --- | --- | --- | --- | --- |",
         *[f"| {m} | {mode} | {n} | {a:.2f} | {b:.2f} | {100 * o:+.1f}% |" for m, mode, n, a, b, o in soft_rows],
         "",
@@ -147,6 +161,13 @@ def main(argv: list[str] | None = None) -> int:
         f"{100 * (macs['token'] / macs['last'] - 1):+.1f}% at R = 4. `query` computes one `Linear(d, d)` query per "
         "token from the block input and scores each step by a dot product with its normalised output: the same "
         "token-wise soft weights and nearly the same parameters, a quarter of the router GEMMs; it is the default.",
+        "",
+        "Class-token-only last block application (the classifier's head path, `RecursiveViT._last_stage_head_only`): "
+        "logits-only `model(x)` against `forward_head(forward_features(x))`, which runs the last application for "
+        "every token; inference, timed in one alternation.", "",
+        "| model | batch | head only (images/s) | all tokens (images/s) | speed-up | max logit difference |",
+        "| --- | --- | --- | --- | --- | --- |",
+        *[f"| {n} | {b} | {a:.2f} | {c:.2f} | {r:.3f}× | {g:.1e} |" for n, b, a, c, r, g in shortcut_rows],
     ]
     text = "\n".join(lines)
     publish(text, args.out, "srvit")
