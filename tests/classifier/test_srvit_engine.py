@@ -113,3 +113,17 @@ def test_the_engine_refuses_a_conditioned_core_beyond_its_horizon_and_steps_an_u
     block = plain.blocks[0]
     assert torch.equal(plain(h, 0, num_passes=3).output, block(block(block(h))))
     assert sum(p.numel() for p in plain.parameters()) == sum(p.numel() for p in block.parameters())
+
+
+@pytest.mark.parametrize("method", ["euler", "blackbox"])
+def test_head_step_advances_the_leading_tokens_like_the_full_step(method: str) -> None:
+    from srvit.head_path import head_step
+
+    weight = torch.randn(8, 8) * 0.3
+    block = lambda z, t: z + torch.tanh(z @ weight)  # token-wise residual map  # noqa: E731
+    solver = lc.ODESolver(method, step_size=0.7)
+    z = torch.randn(2, 5, 8)
+    head_block = lambda full, t: block(full, t)[:, :2]  # noqa: E731
+    torch.testing.assert_close(head_step(solver, head_block, z, 0, tokens=2), solver.step(block, z, 0)[:, :2])
+    with pytest.raises(ValueError, match="cannot advance a subset"):
+        head_step(lc.ODESolver("heun"), head_block, z, 0, tokens=2)

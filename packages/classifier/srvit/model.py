@@ -46,6 +46,7 @@ import loopcore as lc
 from looprun.config import RenamedKey
 from looprun.release import ReleaseLoadingMixin
 
+from .head_path import advances_head_only, head_step
 from .timm_surface import TimmClassifierSurface
 
 
@@ -276,7 +277,7 @@ class RecursiveViT(TimmClassifierSurface, ReleaseLoadingMixin, ModelMixin, Confi
         rounding. Needs a single-evaluation solver (Euler / black-box): Heun and RK4 evaluate the block at
         intermediate full states.
         """
-        return self.solver.supports_head
+        return advances_head_only(self.solver)
 
     def forward_trace(
         self, x: torch.Tensor, steps: int | None = None, return_step_states: bool = False,
@@ -365,7 +366,7 @@ class RecursiveViT(TimmClassifierSurface, ReleaseLoadingMixin, ModelMixin, Confi
             states, prev = out.pass_outputs or [], out.output
         block = self.engine.blocks[self.engine.block_index(j, n - 1, 0)]
         head = lambda state, step: self._call_block(block, state, j, step, queries=1)  # noqa: E731
-        last = self.solver.step(head, prev, n - 1, head=1)
+        last = head_step(self.solver, head, prev, n - 1, tokens=1)
         weights = None
         if fuses:
             fused = self.fusions[str(j)]([s[:, :1] for s in states] + [last], extrapolate=True, context=z[:, :1])

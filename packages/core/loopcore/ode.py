@@ -89,25 +89,8 @@ class ODESolver:
         """Block evaluations per step (arithmetic cost relative to plain recursion)."""
         return EVALS_PER_STEP[self.method]
 
-    @property
-    def supports_head(self) -> bool:
-        """Whether :meth:`step` can advance only leading tokens (single-evaluation methods)."""
-        return self.method in ("euler", "blackbox")
-
-    def step(self, block: StepFn, z: torch.Tensor, step: int, head: int | None = None) -> torch.Tensor:
-        """Advance ``z`` (any shape) by one step.
-
-        ``head=k`` advances only the first ``k`` entries of dim 1 (e.g. a class token): ``block`` then maps
-        the full ``z`` to those ``k`` entries' value of ``F``, shape ``(B, k, ...)``. Only for ``euler`` and
-        ``blackbox``; higher-order methods evaluate ``F`` at intermediate full states.
-        """
-        if head is not None:
-            if not self.supports_head:
-                raise ValueError(f"solver {self.method!r} cannot advance a subset of tokens; use euler or blackbox")
-            anchor = z[:, :head]
-            if self.method == "blackbox":
-                return anchor + self.step_size * block(z, step)
-            return euler_step(lambda _, t: block(z, t), anchor, step, self.step_size)
+    def step(self, block: StepFn, z: torch.Tensor, step: int) -> torch.Tensor:
+        """Advance ``z`` (any shape) by one step of the solver on ``block``'s field."""
         if self.method == "blackbox":
             return euler_step(block, z, step, self.step_size, field="blackbox")
         return _STEPPERS[self.method](block, z, step, self.step_size)
