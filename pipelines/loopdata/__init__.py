@@ -11,10 +11,10 @@ Public API:
 
 from .assets import bundled_kodak_urls, find_shared_data
 from .checker import CheckReport, check_shards
-from .dataset import CorruptSampleError, ShardCountError, ShardDataset
+from .dataset import ShardDataset
 from .decode import DecodeError, decode_image
 from .distributed import RankShare, eval_plan, train_steps_per_epoch
-from .errors import NoUsableSamplesError, one_line
+from .errors import CorruptSampleError, NoUsableSamplesError, ShardCountError, one_line
 from .keys import UnsafeKeyError
 from .loader import ShardLoader, make_loader
 from .shards import ShardReadError, expand_urls, shard_counts

@@ -40,20 +40,12 @@ from .distributed import (
     train_steps_per_epoch,
     worker_role,
 )
-from .errors import NoUsableSamplesError
+from .errors import CorruptSampleError, NoUsableSamplesError, ShardCountError
 from .keys import check_key
 from .shards import INFO_NAME, ShardReadError, image_member, iter_samples
 from .transforms import TaskTransforms
 
 logger = logging.getLogger("loopdata")
-
-
-class CorruptSampleError(RuntimeError):
-    """An evaluation sample could not be decoded; the message names the shard and the key."""
-
-
-class ShardCountError(RuntimeError):
-    """A shard holds a different number of samples than the counts used to split it."""
 
 
 class _Corrupt(Exception):

@@ -1,4 +1,4 @@
-"""Turning expected failures into the one-line messages the command-line tools print."""
+"""The errors loopdata raises for bad data, and the one-line messages the command-line tools print for them."""
 
 from __future__ import annotations
 
@@ -7,6 +7,14 @@ import re
 
 class NoUsableSamplesError(RuntimeError):
     """A training split (or a rank's share of it) holds no decodable image."""
+
+
+class CorruptSampleError(RuntimeError):
+    """An evaluation sample could not be decoded; the message names the shard and the key."""
+
+
+class ShardCountError(RuntimeError):
+    """A shard holds a different number of samples than the counts used to split it."""
 
 
 def one_line(err: BaseException) -> str:
