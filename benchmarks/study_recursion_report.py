@@ -294,11 +294,15 @@ def write_report(results: dict[str, dict], picks: dict[str, dict], arms: list, s
         "# Recurrence study (CIFAR-10 at CPU scale)", "",
         f"Produced by `{command}` ({time.strftime('%Y-%m-%d')}, torch {torch.__version__}, {run_info['jobs']} "
         f"trainings side by side on {run_info['threads']} thread(s) each). {len(results)} runs, "
-        f"{compute / 3600:.2f} CPU-job hours in all; the last invocation took {run_info['wall_seconds'] / 60:.0f} "
-        "minutes of wall time (finished runs are reused).", "",
+        f"{compute / 3600:.2f} job-hours of training and evaluation in all, so about "
+        f"{compute / run_info['jobs'] / 60:.0f} minutes of wall time with {run_info['jobs']} jobs side by side "
+        "(per-run times as measured; a run that overlapped other work on the machine counts its slower time). "
+        f"The last invocation took {run_info['wall_seconds'] / 60:.0f} minutes (finished runs are reused, so an "
+        "interrupted study resumes).", "",
         "**Data and protocol.** The shared CIFAR-10 shards: 5,000 training images (500 per class, JPEG q75 copies "
         "of the originals) and all 10,000 test images"
-        + (f" (the first {settings['eval_images']:,} here)" if settings["eval_images"] else "")
+        + (f" (an evenly spread, class-balanced {settings['eval_images']:,} of them here)"
+           if settings["eval_images"] else "")
         + ". The papers' protocol (Training crossroads) is CIFAR-100: 100 classes and 50,000 training images. "
         "So this study has 10× fewer classes, 10× fewer training images, a much shorter budget, 8×8 patches "
         "(16 tokens + class token) and a half-width ViT-Ti (96 channels, 3 heads, 12 blocks for SR-ViT; one "
