@@ -333,6 +333,9 @@ def write_report(results: dict[str, dict], picks: dict[str, dict], arms: list, s
     lines += ["## Raw results", "",
               f"Every run's `result.json` (loss and entropy curves, state norms, router weights, accuracies), the lr "
               f"picks and the settings: [{rel}/results.json](./{rel}/results.json).", ""]
+    if (plots / "study.log").is_file():  # kept beside the report when the study is committed
+        lines += ["The console output of the invocations that trained these runs: "
+                  f"[{rel}/study.log](./{rel}/study.log).", ""]
     out.write_text("\n".join(lines))
     (plots / "results.json").write_text(json.dumps({"settings": settings, "picks": picks, "run_info": run_info,
                                                     "runs": dict(sorted(results.items()))}, separators=(",", ":")))
