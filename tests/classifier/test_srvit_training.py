@@ -140,7 +140,7 @@ def test_torchrun_two_ranks_hold_identical_weights(kodak_labelled, tmp_path: Pat
 def test_short_cifar10_srvit_run_is_clearly_above_chance(cifar10, tmp_path: Path) -> None:
     """A shrunken cifar10-srvit-ti (4 blocks, R=2) for 150 steps; chance is 10% on the 10,000 test images."""
     config = load_train_config("cifar10-srvit-ti", [
-        "model_overrides={patch_size: 8, depth: 4, recursion: 2, fusion: token}", "max_steps=150", "batch_size=32",
+        "model_overrides={patch_size: 8, depth: 4, recursion: 2, fusion_mode: token}", "max_steps=150", "batch_size=32",
         "progress_bar=false", "checkpoint_every=150",
     ])
     result = train(config, cifar10["train"], tmp_path / "run", val_data=cifar10["test"])
