@@ -98,6 +98,30 @@ def test_resuming_with_another_config_or_data_is_refused_and_config_yaml_kept(tm
     assert yaml.safe_load((out / "config.yaml").read_text())["max_steps"] == 6
 
 
+def test_a_run_checkpointed_before_keys_were_renamed_resumes(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    new = ["model_overrides={fusion_mode: query}", "checkpoint_every=2"]
+    train(_config("max_steps=4", *new), data_urls(), out)
+    metadata_files = sorted((out / "checkpoints").glob("step-*/metadata.json"))
+    assert metadata_files
+
+    def write_old_keys(channels_last: bool) -> None:  # what a checkpoint written before the renames holds
+        for path in metadata_files:
+            meta = json.loads(path.read_text())
+            config = meta["config"]
+            config.pop("memory_format", None)
+            config["channels_last"] = channels_last
+            config["model_overrides"] = {"fusion": "softmor", "fusion_mode": "query"}
+            path.write_text(json.dumps(meta))
+
+    write_old_keys(channels_last=False)  # contiguous then, channels_last now: a real difference, still refused
+    with pytest.raises(ConfigError, match=r"memory_format: 'contiguous' in the checkpoint, 'channels_last' now"):
+        Trainer(_config("max_steps=6", *new), data_urls(), out)
+    write_old_keys(channels_last=True)  # the same run under the old names: resumes
+    resumed = train(_config("max_steps=6", *new), data_urls(), out)
+    assert resumed.step == 6 and resumed.resumed_from.name == "step-00000004"
+
+
 def test_a_full_disk_during_training_stops_with_a_clear_error(tmp_path: Path, monkeypatch) -> None:
     trainer = Trainer(_config("max_steps=6", "checkpoint_every=2"), data_urls(), tmp_path / "run")
     real_save = torch.save

@@ -70,6 +70,13 @@ class TrainConfig:
     log_every: int = 50
     progress_bar: bool = True
 
+    @staticmethod
+    def upgrade_model_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
+        """``model_overrides`` with the model's renamed arguments under their new names (with a warning)."""
+        from .model import RecursiveViT
+
+        return RecursiveViT.upgrade_config(overrides, "model_overrides")
+
     def validate(self) -> TrainConfig:
         """Cross-key checks; raises :class:`ConfigError` naming the key."""
         if self.protocol not in ("imagenet", "cifar"):

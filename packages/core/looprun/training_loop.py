@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -23,7 +24,7 @@ import torch
 from torch import nn
 
 from .checkpoint import CheckpointManager, CheckpointSaveError, write_atomic
-from .config import ConfigError, save_config
+from .config import ConfigError, save_config, upgrade_renamed_keys
 from .determinism import seed_step, state_digest
 from .distributed import (
     DistributedContext,
@@ -246,9 +247,10 @@ class TrainingLoop:
 
     def check_resumable(self, metadata: dict[str, Any]) -> None:
         """Raise :class:`ConfigError` when the checkpoint's config or data differ from this run's."""
-        saved, current = metadata.get("config"), _json_normal(asdict(self.config))
+        saved, current = metadata.get("config"), self._comparable(_json_normal(asdict(self.config)))
         problems = []
         if isinstance(saved, dict):
+            saved = self._comparable(saved)
             for key in sorted(set(saved) | set(current)):
                 if key not in RESUMABLE_CHANGES and saved.get(key) != current.get(key):
                     problems.append(f"{key}: {saved.get(key)!r} in the checkpoint, {current.get(key)!r} now")
@@ -262,6 +264,22 @@ class TrainingLoop:
                 + f"\nRerun with the original settings, or choose a new --out. Keys that may change on resume: "
                 f"{', '.join(sorted(RESUMABLE_CHANGES))}."
             )
+
+    def _comparable(self, config: dict[str, Any]) -> dict[str, Any]:
+        """``config`` with renamed keys under their new names, so a run checkpointed before a rename resumes.
+
+        Uses the schema's ``RENAMED_KEYS`` and, when it has one, its ``upgrade_model_overrides`` (the model's
+        renamed arguments). Applied to both sides of the comparison; no warnings, since nobody edits a
+        checkpoint's stored config.
+        """
+        schema = type(self.config)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            config = upgrade_renamed_keys(config, getattr(schema, "RENAMED_KEYS", {}), "checkpoint config")
+            upgrade = getattr(schema, "upgrade_model_overrides", None)
+            if upgrade is not None and isinstance(config.get("model_overrides"), dict):
+                config = {**config, "model_overrides": upgrade(config["model_overrides"])}
+        return config
 
     def save(self, reason: str) -> None:
         """Checkpoint the current state (main rank writes); every rank learns whether it worked.

@@ -83,6 +83,13 @@ class TrainConfig:
         "channels_last": RenamedKey("memory_format", lambda on: "channels_last" if on else "contiguous"),
     }
 
+    @staticmethod
+    def upgrade_model_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
+        """``model_overrides`` with the model's renamed arguments under their new names (with a warning)."""
+        from .model import LoopVAE
+
+        return LoopVAE.upgrade_config(overrides, "model_overrides")
+
     def validate(self) -> TrainConfig:
         """Cross-key checks; raises :class:`ConfigError` naming the key."""
         if self.memory_format not in MEMORY_FORMATS:
