@@ -109,7 +109,7 @@ class RecursiveViT(TimmClassifierSurface, ReleaseLoadingMixin, ModelMixin, Confi
     """
 
     _supports_gradient_checkpointing = True
-    RENAMED_CONFIG_KEYS = {"fusion": RenamedKey("fusion_mode")}
+    RENAMED_KEYS = {"fusion": RenamedKey("fusion_mode")}
 
     @register_to_config
     def __init__(

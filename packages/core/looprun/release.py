@@ -215,7 +215,7 @@ class ReleaseLoadingMixin:
     """
 
     # {old key: RenamedKey}: constructor arguments that were renamed; configs with the old name still load
-    RENAMED_CONFIG_KEYS: dict[str, RenamedKey] = {}
+    RENAMED_KEYS: dict[str, RenamedKey] = {}
 
     @classmethod
     def upgrade_config(cls, config: Mapping[str, Any], source: str | Path = "config") -> dict[str, Any]:
@@ -224,7 +224,7 @@ class ReleaseLoadingMixin:
         Every old key warns (``FutureWarning``) and names ``source``; models with a rename that is more
         than a new name override this and call ``super()``.
         """
-        return upgrade_renamed_keys(config, cls.RENAMED_CONFIG_KEYS, str(source))
+        return upgrade_renamed_keys(config, cls.RENAMED_KEYS, str(source))
 
     @classmethod
     def load_config(cls, *args, **kwargs):

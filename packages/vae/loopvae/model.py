@@ -155,12 +155,12 @@ class LoopVAE(ReleaseLoadingMixin, ModelMixin, AutoencoderMixin, ConfigMixin):
         self.use_tiling = False
         self.tile_sample_size = sample_size
 
-    RENAMED_CONFIG_KEYS = {"encoder_loops": RenamedKey("encoder_passes"), "decoder_loops": RenamedKey("decoder_passes")}
+    RENAMED_KEYS = {"encoder_loops": RenamedKey("encoder_passes"), "decoder_loops": RenamedKey("decoder_passes")}
     LEGACY_FUSIONS = ("none", "softmor")
 
     @classmethod
     def upgrade_config(cls, config, source="config") -> dict:
-        """Renamed keys (:attr:`RENAMED_CONFIG_KEYS`), and the old ``fusion: none|softmor`` switch folded into
+        """Renamed keys (:attr:`RENAMED_KEYS`), and the old ``fusion: none|softmor`` switch folded into
         ``fusion_mode``: ``none`` -> ``last``, ``softmor`` -> the config's ``fusion_mode`` (``query`` when
         absent, the default it was written with). Warns (``FutureWarning``) naming ``source``."""
         config = dict(config)
