@@ -5,7 +5,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup test lint demo bench bench-gpu study study-quick study-vae clean
+.PHONY: setup test lint demo bench bench-gpu study study-quick study-vae study-vae-report recipe-search-vae \
+	release-vae release-vae-gpu-prepare release-vae-gpu clean
 
 setup: $(STAMP)
 
@@ -43,10 +44,44 @@ study: setup
 study-quick: setup
 	$(BIN)/python benchmarks/study_recursion.py --quick
 
-# The LoopVAE study on the shared ImageNet sample + Kodak (about two hours on 2 CPU cores) -> docs/study_loopvae.md;
-# it also rebuilds the bundled trained model in assets/models/loopvae-cnn-tiny.
+# The LoopVAE study on the shared ImageNet sample + Kodak (about two hours on 2 CPU cores) -> docs/study_loopvae.md.
 study-vae: setup
-	$(BIN)/python benchmarks/study_loopvae.py --out docs/study_loopvae.md --bundle assets/models/loopvae-cnn-tiny
+	$(BIN)/python benchmarks/study_loopvae.py --out docs/study_loopvae.md
+
+# Re-render docs/study_loopvae.md from the committed results (study, recipe search, release) without training.
+study-vae-report: setup
+	$(BIN)/python benchmarks/study_loopvae.py --report-only --out docs/study_loopvae.md
+
+# The bundled model's recipe search: 8 one-change arms x ~6.5 CPU-minutes, two at a time (~30 min)
+# -> docs/study_loopvae/recipe_search.md (+ .png, .json).
+recipe-search-vae: setup
+	$(BIN)/python benchmarks/vae_recipe_search.py --out docs/study_loopvae/recipe_search.md
+
+# Train, measure and bundle the CPU tokenizer assets/models/loopvae-cnn-tiny with the release-tiny recipe, and
+# flux-vae-tiny at the same images seen (~2 h on 2 cores; rerunning resumes) -> docs/study_loopvae/release.json,
+# then re-renders docs/study_loopvae.md.
+release-vae: setup
+	$(BIN)/python benchmarks/release_vae.py
+	$(BIN)/python benchmarks/study_loopvae.py --report-only --out docs/study_loopvae.md
+
+# GPU release, step 1 (here): the compact training shard + held-out shard in gpu-data/ (git-ignored via
+# .git/info/exclude) and the wheels the device image lacks in .whl/; carry both to the device.
+release-vae-gpu-prepare: setup
+	$(BIN)/python benchmarks/release_vae_gpu.py prepare --out gpu-data
+	grep -qx '/gpu-data/' .git/info/exclude || echo /gpu-data/ >> .git/info/exclude
+	grep -qx '/.whl/' .git/info/exclude || echo /.whl/ >> .git/info/exclude
+	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
+		diffusers==0.42.1 webdataset==1.0.2 braceexpand==0.1.7 lpips==0.1.4 piq==0.8.0 huggingface-hub==2.4.0
+
+# GPU release, step 2 (on the device, one call of <= 9 minutes, with gpu-data and .whl carried; python3 there
+# holds torch): train loopvae-cnn-small and flux-vae-small, evaluate, export to $(OUT). Then, here:
+# `$(BIN)/python benchmarks/release_vae_gpu.py bundle --source <the files that came back>`.
+OUT ?= runs/release-vae-gpu/out
+release-vae-gpu:
+	if [ -d .whl ]; then python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl; fi
+	PYTHONPATH=/tmp/site:packages/core:packages/vae:packages/classifier:pipelines:$$PYTHONPATH PYTHONUNBUFFERED=1 \
+		python3 benchmarks/release_vae_gpu.py run --data gpu-data --out $(OUT) --device cuda --budget-s 170
 
 lint: setup
 	$(BIN)/ruff check packages pipelines tests benchmarks

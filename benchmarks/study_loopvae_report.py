@@ -7,11 +7,13 @@ the paper's figures it is set against are the constants below.
 
 from __future__ import annotations
 
+import json
 import statistics
 from pathlib import Path
 from typing import Any
 
 import torch
+from paired_stats import PairedDifference, paired_difference, seeds_disagree
 
 from looprun.release import WEIGHTS_NAME
 
@@ -33,129 +35,171 @@ def fmt(values: list[float], digits: int = 2) -> str:
     return f"{m:.{digits}f}" + (f" ± {sd:.{digits}f}" if sd is not None else "")
 
 
-def compare(a: list[float], b: list[float], noise: float) -> str:
-    """'higher' / 'lower' / 'within noise' for mean(a) vs mean(b), ``noise`` the smallest gap that counts."""
-    diff = statistics.fmean(a) - statistics.fmean(b)
-    if abs(diff) <= noise:
-        return "within noise of"
-    return "above" if diff > 0 else "below"
+# An added pass "contributes" when it raises mean PSNR by more than this; an early exit is "usable" when it
+# costs less than the margin against full depth. Both are stated in the report wherever they decide a sentence.
+PASS_GAIN_DB = 0.05
+EXIT_MARGIN_DB = 1.0
 
 
-def early_exit_verdict(gains: list[float], noise: float) -> str:
-    """Which truncated decoder-2x depths deep supervision improves by more than ``noise`` dB."""
-    better = [k for k, g in enumerate(gains, 1) if g > noise]
-    if len(better) == len(gains):
-        return f"every early exit improves by more than the seed noise ({noise:.2f} dB): an any-time decoder."
-    if not better:
-        return f"no early exit improves by more than the seed noise ({noise:.2f} dB)."
-    return (f"the exits after {', '.join(map(str, better))} pass(es) improve by more than the seed noise "
-            f"({noise:.2f} dB), the others do not.")
+def seed_of(name: str) -> int:
+    return int(name.rsplit("-s", 1)[1])
+
+
+def by_seed(names: list[str]) -> dict[int, str]:
+    return {seed_of(n): n for n in names}
+
+
+def paired_by_seed(r: dict[str, Any], a: str, b: str, split: str, metric: str = "psnr") -> PairedDifference:
+    """Arm ``a`` minus arm ``b`` on ``split``, paired by seed (the seeds both arms ran)."""
+    ev, sa, sb = r["eval"], by_seed(r["groups"][a]), by_seed(r["groups"][b])
+    seeds = sorted(set(sa) & set(sb))
+    return paired_difference([ev[sa[k]][split][metric] for k in seeds], [ev[sb[k]][split][metric] for k in seeds])
 
 
 def stage(result: dict[str, Any], branch: str, scale: str) -> dict[str, Any]:
     return next(s for s in result["stages"] if s["branch"] == branch and s["scale"] == scale)
 
 
-def reading(r: dict[str, Any]) -> list[str]:
-    """Sentences computed from the measured numbers, each with the condition it was decided by."""
-    ev, groups = r["eval"], r["groups"]
+def per_image_criteria(iv: dict[str, Any], st: dict[str, Any]) -> dict[str, Any]:
+    """The paper's per-image counts for one multi-pass stage of an intervention result.
 
-    def psnr(group: str, split: str) -> list[float]:
+    ``monotone``: images whose prefix PSNR rises strictly with every retained pass; ``bypass_hurts[t]``: images
+    whose PSNR drops when pass ``t + 1`` is bypassed; ``worst[t]``: images whose most damaging bypass is pass
+    ``t + 1``; ``n``: images.
+    """
+    base = iv["baseline"]["per_image"]["psnr"]
+    prefix = [p["per_image"]["psnr"] for p in st["prefix"]]
+    bypass = [b["per_image"]["psnr"] for b in st["bypass"]]
+    n = len(base)
+    monotone = sum(all(prefix[k + 1][i] > prefix[k][i] for k in range(len(prefix) - 1)) for i in range(n))
+    hurts = [sum(b[i] < base[i] for i in range(n)) for b in bypass]
+    worst = [0] * len(bypass)
+    for i in range(n):
+        worst[min(range(len(bypass)), key=lambda t: bypass[t][i])] += 1
+    return {"n": n, "monotone": monotone, "bypass_hurts": hurts, "worst": worst}
+
+
+def core_work(iv: dict[str, Any]) -> dict[tuple[str, str], float]:
+    """Share of the looped cores' spatially-linear work per stage (passes x pixels; 2x = 1, 4x = 1/4, ...)."""
+    work = {(st["branch"], st["scale"]): st["passes"] / (int(st["scale"].rstrip("x")) // 2) ** 2 for st in iv["stages"]}
+    total = sum(work.values())
+    return {k: v / total for k, v in work.items()}
+
+
+def anytime_reading(iv: dict[str, Any]) -> str:
+    """Whether the decoder's finest stage is an any-time decoder: quality that rises with every retained pass
+    (each adds > PASS_GAIN_DB on average) *and* a one-pass exit that costs < EXIT_MARGIN_DB; otherwise which
+    passes stopped contributing and what share of the cores' work they are."""
+    dec = stage(iv, "decoder", "2x")
+    means = [p["psnr"] for p in dec["prefix"]]
+    gains = [b - a for a, b in zip(means, means[1:])]
+    idle = [k + 2 for k, g in enumerate(gains) if g <= PASS_GAIN_DB]
+    exit_cost = means[-1] - means[0]
+    per_pass = core_work(iv)[("decoder", "2x")] / dec["passes"]
+    seq = " → ".join(f"{m:.3f}" for m in means)
+    if not idle and exit_cost < EXIT_MARGIN_DB:
+        return (f"decoder-2x prefixes {seq} dB: every pass adds more than {PASS_GAIN_DB} dB and one pass costs "
+                f"{exit_cost:.2f} dB (< {EXIT_MARGIN_DB} dB): an any-time decoder.")
+    if idle:
+        return (f"decoder-2x prefixes {seq} dB (gains {', '.join(f'{g:+.3f}' for g in gains)}): pass(es) "
+                f"{', '.join(map(str, idle))} add at most {PASS_GAIN_DB} dB each — they stopped contributing, "
+                f"{100 * per_pass * len(idle):.0f}% of the cores' work idle. Not an any-time decoder (quality does "
+                "not rise with compute).")
+    return (f"decoder-2x prefixes {seq} dB: every pass adds more than {PASS_GAIN_DB} dB, but one pass costs "
+            f"{exit_cost:.2f} dB (≥ {EXIT_MARGIN_DB} dB): a usable early exit does not appear.")
+
+
+def _counts(values: list[int], n: int) -> str:
+    return ", ".join(f"{v}/{n}" for v in values)
+
+
+def reading(r: dict[str, Any]) -> list[str]:
+    """Sentences computed from the measured numbers, each with the rule it was decided by."""
+    ev, groups, params, gmacs = r["eval"], r["groups"], r["params"], r["gmacs"]
+    wall = r.get("timings", {}).get("train", {})
+
+    def values(group: str, split: str) -> list[float]:
         return [ev[n][split]["psnr"] for n in groups[group]]
 
-    def seed_noise(group: str) -> float:
-        """The group's largest seed s.d. over both splits; one-seed LoopVAE variants borrow the global arm's."""
-        sds = [mean_sd(psnr(group, s))[1] for s in ("kodak", "imagenet")]
-        if None in sds:
-            return seed_noise("global") if group != "global" else 0.05
-        return max(max(sds), 0.05)
-
-    def noise(*compared: str) -> float:
-        return max(seed_noise(g) for g in compared)
-
     lines = ["## Reading (computed from the tables above)", "",
-             f"Seed noise: a gap counts only when it exceeds the larger seed s.d. of the two arms compared (global "
-             f"LoopVAE {seed_noise('global'):.2f} dB, FLUX-layout reference {seed_noise('reference'):.2f} dB; "
-             "arms with one seed are LoopVAE variants and borrow the global arm's).", ""]
-    params, gmacs = r["params"], r["gmacs"]
+             "Every comparison is paired (by seed between arms, by image within a model), with a 95% t-interval "
+             "(df = pairs − 1) and one of three verdicts: **better** / **worse** (the interval excludes 0) or "
+             "**inconclusive** (it does not, or there is one pair and no interval). A verdict is never \"equal\". "
+             "Pairs by "
+             "image compare two single runs: their interval covers image-to-image variation, not seed-to-seed.",
+             ""]
+    spread = max(max(values("global", s)) - min(values("global", s)) for s in ("kodak", "imagenet"))
+    budget = f"{r['preset']['max_steps'] * r['preset']['batch_size']:,} crops of {r['preset']['resolution']}² each"
     for split, label in (("kodak", "kodim21-24"), ("imagenet", f"{r['num_holdout']} held-out ImageNet images")):
-        g, ref = psnr("global", split), psnr("reference", split)
-        verdict = compare(g, ref, noise("global", "reference"))
+        ref = values("reference", split)
+        d = paired_by_seed(r, "global", "reference", split)
+        flag = ""
+        if seeds_disagree(ref, spread):
+            flag = (f" ⚠ The reference's seeds differ by {max(ref) - min(ref):.2f} dB (the LoopVAE's by "
+                    f"{spread:.2f}): one of them is likely a failed run, so its mean is not a reliable reference.")
         lines.append(
-            f"- **Weights vs quality ({label}).** The global LoopVAE ({params['global'] / 1e6:.2f}M parameters, "
-            f"{gmacs['global']:.2f} GMACs) reaches {fmt(g)} dB, {verdict} the FLUX-layout reference "
-            f"({params['reference'] / 1e6:.2f}M, {gmacs['reference']:.2f} GMACs) at {fmt(ref)} dB "
-            f"({statistics.fmean(g) - statistics.fmean(ref):+.2f} dB). "
-            + ("The paper's claim (about a third of the weights for comparable quality) holds at this budget."
-               if verdict != "below" else
-               "The paper's parity at a third of the weights does not appear at this budget.")
-        )
+            f"- **Weights vs quality ({label}).** Global LoopVAE ({params['global'] / 1e6:.2f}M parameters, "
+            f"{gmacs['global']:.2f} GMACs) {fmt(values('global', split))} dB, FLUX-layout reference "
+            f"({params['reference'] / 1e6:.2f}M, {gmacs['reference']:.2f} GMACs) {fmt(ref)} dB; LoopVAE − reference "
+            f"paired by seed: {d.describe()}." + flag)
+    if wall:
+        g_wall = [wall[n] for n in groups["global"] if n in wall]
+        r_wall = [wall[n] for n in groups["reference"] if n in wall]
+        if g_wall and r_wall:
+            lines.append(f"- **Matched budget.** Both arms saw the same images ({budget}); in wall time the LoopVAE "
+                         f"runs took {statistics.fmean(g_wall):.0f} s and the reference's "
+                         f"{statistics.fmean(r_wall):.0f} s ({statistics.fmean(g_wall) / statistics.fmean(r_wall):.1f}×"
+                         ", one core each): matched in images seen, not in time.")
     bic = statistics.fmean(ev[n]["kodak"]["baseline"]["psnr"] for n in groups["global"])
     best = r["bundled"]["name"]
     margin = ev[best]["kodak"]["psnr"] - bic
-    lines.append(f"- **Against bicubic (kodim21-24).** The best global LoopVAE ({best}) is {margin:+.2f} dB from the "
-                 f"bicubic baseline ({bic:.2f} dB at ≥ equal values per pixel); the project's target is ≥ +1.0 dB: "
+    lines.append(f"- **Against bicubic (kodim21-24).** {best} is {margin:+.2f} dB from the bicubic baseline "
+                 f"({bic:.2f} dB at ≥ equal values per pixel; mean over images); the project's target is ≥ +1.0 dB: "
                  f"{'met' if margin >= 1.0 else 'not met'}.")
-    order = sorted(("global", "scale", "none"), key=lambda g: -statistics.fmean(psnr(g, "imagenet")))
-    spread = statistics.fmean(psnr(order[0], "imagenet")) - statistics.fmean(psnr(order[-1], "imagenet"))
+    sharing = {g: statistics.fmean(values(g, "imagenet")) for g in ("global", "scale", "none")}
     paper_order = sorted(PAPER_SHARING, key=lambda g: -PAPER_SHARING[g][0])
     lines.append(
-        f"- **Sharing.** Held-out ImageNet PSNR orders the rules {' > '.join(order)} (spread {spread:.2f} dB, "
-        f"{'beyond' if spread > noise('global', 'scale', 'none') else 'within'} the seed noise) with "
-        f"{params['scale'] / 1e6:.2f}M / "
-        f"{params['none'] / 1e6:.2f}M parameters for scale / none against global's {params['global'] / 1e6:.2f}M at "
-        f"equal MACs. The paper (Transformer, stage 1) orders them {' > '.join(paper_order)} in PSNR."
-    )
-    sc = psnr("shortcuts", "imagenet")
-    shortcut_verdict = compare(sc, psnr("global", "imagenet"), noise("global", "shortcuts"))
-    lines.append(f"- **Shortcuts (our addition).** With the parameter-free shortcuts the tiny LoopVAE scores "
-                 f"{fmt(sc)} dB on held-out ImageNet, {shortcut_verdict} the "
-                 f"plain-conv model ({fmt(psnr('global', 'imagenet'))} dB).")
+        "- **Sharing.** Held-out ImageNet PSNR: " + ", ".join(f"{g} {v:.2f} dB" for g, v in sharing.items())
+        + f" ({params['global'] / 1e6:.2f}M / {params['scale'] / 1e6:.2f}M / {params['none'] / 1e6:.2f}M parameters, "
+        "equal MACs). scale and none ran one seed each, so every sharing comparison is **inconclusive** (one pair, "
+        f"no interval); no order is claimed. The paper (Transformer, stage 1) orders them {' > '.join(paper_order)}.")
+    d = paired_by_seed(r, "shortcuts", "global", "imagenet")
+    lines.append(f"- **Shortcuts (our addition).** Shortcuts − plain on held-out ImageNet, paired by seed: "
+                 f"{d.describe()} (one seed; the release below measures the shortcut model per image).")
     iv = r["interventions"][best]
     base = iv["baseline"]["psnr"]
-    monotone, bypass_all, worst = [], [], []
+    lines.append(f"- **Interventions, per image as the paper counts them** ({best}, {iv['num_images']} images; the "
+                 f"paper: 64/64 monotone, 224/224 bypasses hurt):")
     for st in iv["stages"]:
         if st["passes"] < 2:
             continue
-        seq = [p["psnr"] for p in st["prefix"]]
-        monotone.append((f"{st['branch']} {st['scale']}", all(b > a for a, b in zip(seq, seq[1:]))))
-        losses = [base - b["psnr"] for b in st["bypass"]]
-        bypass_all.append(all(v > 0 for v in losses))
-        worst.append((f"{st['branch']} {st['scale']}", 1 + max(range(len(losses)), key=losses.__getitem__),
-                      st["passes"]))
-    dec = stage(iv, "decoder", "2x")
-    one = dec["prefix"][0]
-    dec2x_seq = " → ".join(f"{p['psnr']:.2f}" for p in dec["prefix"])
-    not_mono = [n for n, ok in monotone if not ok]
+        c = per_image_criteria(iv, st)
+        seq = " → ".join(f"{p['psnr']:.2f}" for p in st["prefix"])
+        worst = max(range(len(c["worst"])), key=c["worst"].__getitem__)
+        lines.append(f"  - {st['branch']} {st['scale']}: prefixes {seq} dB (means), monotone on {c['monotone']}/"
+                     f"{c['n']} images; bypassing pass 1..{st['passes']} lowers PSNR on "
+                     f"{_counts(c['bypass_hurts'], c['n'])}"
+                     f" images; the worst bypass is pass {worst + 1} on {c['worst'][worst]}/{c['n']} images "
+                     f"({'the last pass' if worst + 1 == st['passes'] else 'not the last pass, as in the paper'}).")
+    one = stage(iv, "decoder", "2x")["prefix"][0]
     lines += [
-        f"- **Completing the recurrence.** Prefix PSNR rises strictly with every retained pass in "
-        f"{sum(ok for _, ok in monotone)} of {len(monotone)} multi-pass stages"
-        + (f" (not in: {', '.join(not_mono)})." if not_mono else "."),
-        f"  Decoder 2x: {dec2x_seq} dB (paper "
-        f"{' → '.join(map(str, PAPER_PREFIX_DEC2X))}); truncating it to one pass costs {base - one['psnr']:.2f} dB "
-        f"(target ≥ 5 dB: {'met' if base - one['psnr'] >= 5 else 'not met'}; paper 17.74).",
-        f"- **Bypass.** Every single-pass bypass lowers PSNR in {sum(bypass_all)} of {len(bypass_all)} multi-pass "
-        f"stages; the most damaging bypass is the last pass in "
-        f"{sum(w == n for _, w, n in worst)} of {len(worst)} of them "
-        f"({', '.join(f'{s}: pass {w} of {n}' for s, w, n in worst)}; the paper: not the last).",
+        f"- **Truncation.** One decoder-2x pass costs {base - one['psnr']:.2f} dB (target ≥ 5 dB: "
+        f"{'met' if base - one['psnr'] >= 5 else 'not met'}; paper 17.74).",
         f"- **Out-of-range colours at an early exit.** With one decoder-2x pass {100 * one['out_of_range']:.1f}% "
         f"of pixels are out of range (full depth {100 * iv['baseline']['out_of_range']:.1f}%; paper 96.7%), raw PSNR "
         f"{one['raw_psnr']:.2f} dB against {one['psnr']:.2f} clipped (paper −1.04 raw), clipping displacement "
         f"{one['clip_displacement']:.4f} (full depth {iv['baseline']['clip_displacement']:.4f}).",
     ]
-    if "global-ds-s0" in r["interventions"]:
-        ds = stage(r["interventions"]["global-ds-s0"], "decoder", "2x")
-        plain = stage(r["interventions"]["global-s0"], "decoder", "2x")
-        full_change = r["interventions"]["global-ds-s0"]["baseline"]["psnr"] - r["interventions"]["global-s0"][
-            "baseline"]["psnr"]
-        gains = [d["psnr"] - p["psnr"] for d, p in zip(ds["prefix"][:-1], plain["prefix"][:-1])]
+    if "global-ds-s0" in r["interventions"] and "global-s0" in r["interventions"]:
+        ds, plain = r["interventions"]["global-ds-s0"], r["interventions"]["global-s0"]
+        ds_dec, plain_dec = stage(ds, "decoder", "2x"), stage(plain, "decoder", "2x")
+        exits = [paired_difference(d["per_image"]["psnr"], p["per_image"]["psnr"])
+                 for d, p in zip(ds_dec["prefix"], plain_dec["prefix"])]
         lines.append(
-            f"- **Deep supervision (beyond the paper).** Against the same-seed global run it changes full-depth PSNR "
-            f"by {full_change:+.2f} dB and PSNR at 1–{len(gains)} decoder-2x passes by "
-            f"{', '.join(f'{g:+.2f}' for g in gains)} dB (out of range at one pass "
-            f"{100 * ds['prefix'][0]['out_of_range']:.1f}% vs {100 * plain['prefix'][0]['out_of_range']:.1f}%): "
-            + early_exit_verdict(gains, noise("global", "deep-supervision"))
-        )
+            "- **Deep supervision (beyond the paper).** Deeply supervised − plain (seed 0), paired by image, with "
+            f"k = 1..{len(exits)} decoder-2x passes: " + "; ".join(f"k={k + 1}: {e.describe()}"
+                                                                   for k, e in enumerate(exits)) + ". "
+            + anytime_reading(ds))
     return lines + [""]
 
 
@@ -224,7 +268,8 @@ def plots(r: dict[str, Any], folder: Path) -> None:
     plt.close(fig)
 
 
-def render(r: dict[str, Any], command: str) -> str:
+def render(r: dict[str, Any], command: str, folder: Path | None = None) -> str:
+    """The study page; with ``folder`` (the page's asset folder) also the recipe search and release sections."""
     ev, groups = r["eval"], r["groups"]
     lpips_note = "LPIPS (AlexNet)" if r["lpips_net"] != "none" else "LPIPS: not computed (AlexNet weights absent)"
     lines = [
@@ -273,8 +318,8 @@ def render(r: dict[str, Any], command: str) -> str:
     lines += ["", f"The bicubic baseline keeps {vpp:.3f} values per pixel, the f8 16-channel latents 0.250.", "",
               "![PSNR per arm](study_loopvae/psnr.png)", "", "![training curves](study_loopvae/training_l1.png)", "",
               "## Interventions (paper Table 7 side by side)", "",
-              f"On `{r['bundled']['name']}` (the best global LoopVAE by held-out ImageNet PSNR; bundled as "
-              f"`{r['bundled']['path']}`), {r['interventions'][r['bundled']['name']]['num_images']} images "
+              f"On `{r['bundled']['name']}` (seed 0 of the global arm, fixed in advance rather than picked on the "
+              f"reported images), {r['interventions'][r['bundled']['name']]['num_images']} images "
               "(kodim21–24 + held-out ImageNet), posterior mode. PSNR clipped / raw (dB) on the float output u in "
               "[0, 1] (clip(u) / u, the paper's protocol, not uint8), out-of-range pixels.", "",
               "| branch | scale | L | k=1 | k=2 | k=3 | k=4 | bypass loss per pass (dB) |",
@@ -310,12 +355,17 @@ def render(r: dict[str, Any], command: str) -> str:
         lines.append("")
     lines += reading(r)
     b = r["bundled"]
-    lines += ["## The bundled model", "",
-              f"`{b['path']}` = the release of `{b['name']}` (EMA weights, {b['params']:,} parameters), "
-              f"`{WEIGHTS_NAME}` sha256 `{b['sha256']}`. Reproduce: `{command}` (it retrains and re-bundles), "
-              "or "
-              f"the single run: `loopvae train --config {PRESET} --data <the study's training shards> --out RUN "
-              f"--set {' '.join(b['overrides'])}`.", ""]
+    lines += ["## The study's model", "",
+              f"`{b['name']}` (EMA weights, {b['params']:,} parameters, `{WEIGHTS_NAME}` sha256 `{b['sha256']}`) was "
+              "the bundled model until `make release-vae` replaced it (below). Reproduce it: `"
+              f"{command}`, or the single run: `loopvae train --config {PRESET} --data <the study's training shards> "
+              f"--out RUN --set {' '.join(b['overrides'])}`.", ""]
+    if folder is not None:
+        from release_vae_report import recipe_section, release_section
+
+        lines += recipe_section(folder)
+        if (folder / "release.json").is_file():
+            lines += release_section(json.loads((folder / "release.json").read_text()), folder)
     return "\n".join(lines)
 
 

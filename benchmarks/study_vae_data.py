@@ -4,6 +4,10 @@ The shared ImageNet sample (800 images, one per class, ``../shared/data/imagenet
 sorted key: every ``holdout_every``-th image is held out of training (40 of 800 by default) and
 evaluated at 256^2; the rest train, together with the bundled Kodak crops kodim01-20. kodim21-24 (the
 bundled ``kodak-val``) are never trained on. Image bytes are copied unchanged.
+
+With ``validation_offset`` a further ``1 / holdout_every`` of the images (index ``i % holdout_every ==
+validation_offset``) leaves training as a *validation* split: the images that model selection (the
+recipe search, the release run's learning curve) may look at, disjoint from both reported sets.
 """
 
 from __future__ import annotations
@@ -25,10 +29,16 @@ class StudyData:
     imagenet_holdout: str  # every holdout_every-th ImageNet-sample image by sorted key
     num_train: int
     num_holdout: int
+    validation: str = ""  # every holdout_every-th image at validation_offset (empty without one)
+    num_validation: int = 0
 
 
-def prepare_study_data(shared: Path, out: Path, holdout_every: int = 20) -> StudyData:
-    """Write (once) ``out/imagenet-train-*.tar`` and ``out/imagenet-holdout-*.tar`` from ``shared``."""
+def prepare_study_data(shared: Path, out: Path, holdout_every: int = 20, validation_offset: int | None = None
+                       ) -> StudyData:
+    """Write (once) ``out/imagenet-train-*.tar``, ``out/imagenet-holdout-*.tar`` (and, with
+    ``validation_offset``, ``out/imagenet-val-*.tar``) from ``shared``."""
+    if validation_offset is not None and not 0 < validation_offset < holdout_every:
+        raise ValueError(f"validation_offset must be in 1..{holdout_every - 1}, got {validation_offset}")
     source = shared / "imagenet-sample"
     urls = expand_urls(str(source / "*.tar"))
     if not urls:
@@ -38,13 +48,17 @@ def prepare_study_data(shared: Path, out: Path, holdout_every: int = 20) -> Stud
     done = out / "DONE"
     if not done.is_file():
         samples = sorted((s for url in urls for s in iter_samples(url)), key=lambda s: s["__key__"])
-        with TarShardWriter(out, "imagenet-train") as train, TarShardWriter(out, "imagenet-holdout") as hold:
+        with (TarShardWriter(out, "imagenet-train") as train, TarShardWriter(out, "imagenet-holdout") as hold,
+              TarShardWriter(out, "imagenet-val") as val):
             for i, sample in enumerate(samples):
                 members = {k: v for k, v in sample.items() if not k.startswith("__")}
-                (hold if i % holdout_every == 0 else train).add(sample["__key__"], members)
-        done.write_text(f"{len(samples)} samples, holdout_every={holdout_every}\n")
+                split = hold if i % holdout_every == 0 else val if i % holdout_every == validation_offset else train
+                split.add(sample["__key__"], members)
+        done.write_text(f"{len(samples)} samples, holdout_every={holdout_every}, "
+                        f"validation_offset={validation_offset}\n")
     train_urls = expand_urls(str(out / "imagenet-train-*.tar"))
     hold_urls = expand_urls(str(out / "imagenet-holdout-*.tar"))
+    val_urls = expand_urls(str(out / "imagenet-val-*.tar"))
     kodak_train = [str(u) for u in loopdata.bundled_kodak_urls("train")]
     n_train = sum(1 for u in train_urls for _ in iter_samples(u))
     n_hold = sum(1 for u in hold_urls for _ in iter_samples(u))
@@ -52,6 +66,7 @@ def prepare_study_data(shared: Path, out: Path, holdout_every: int = 20) -> Stud
         train=",".join(train_urls + kodak_train),
         kodak_val=",".join(str(u) for u in loopdata.bundled_kodak_urls("val")),
         imagenet_holdout=",".join(hold_urls), num_train=n_train + 20, num_holdout=n_hold,
+        validation=",".join(val_urls), num_validation=sum(1 for u in val_urls for _ in iter_samples(u)),
     )
 
 

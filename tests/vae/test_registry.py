@@ -106,6 +106,7 @@ def test_sharing_rules_store_4_12_28_with_equal_macs_and_shapes(sharing: str, st
 # here first. The paper figures and their tolerances are PARAMS above.
 COUNTED = {
     "flux-vae": 83_819_683, "flux-vae-tiny": 1_031_401, "loopvae-cnn-f8d16": 29_293_863, "loopvae-cnn-tiny": 350_535,
+    "loopvae-cnn-small": 4_211_463, "flux-vae-small": 11_856_083,
     "loopvae-multi": 220_424_105, "loopvae-vit-f8d16": 32_688_423, "sd-vae": 83_653_863,
 }
 # Tiny versions of every registered architecture (same graph: scales, loops, windows, heads), for numerics.

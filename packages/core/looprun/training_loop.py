@@ -43,6 +43,7 @@ from .signals import StopSignal
 # (``compile`` changes how, not what: the same graph, float rounding aside).
 RESUMABLE_CHANGES = frozenset(
     {"max_steps", "epochs", "checkpoint_every", "keep_checkpoints", "log_every", "image_every", "eval_every",
+     "eval_resolution", "eval_images",
      "progress_bar", "compile"}
 )
 

@@ -29,6 +29,9 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", required=True, help="preset name or YAML file")
     p.add_argument("--data", required=True, help=DATA_HELP)
     p.add_argument("--out", required=True, help="run directory (checkpoints, tb/, release/, train.log)")
+    p.add_argument("--val-data", default=None,
+                   help="held-out shards or image folder: PSNR of the EMA weights every eval_every steps and at the "
+                        "end, in validation.json and TensorBoard val/psnr")
     p.add_argument("--compile", action="store_true", help="torch.compile the tokenizer (same as --set compile=true)")
     p.add_argument("--memory-format", choices=tuple(MEMORY_FORMATS), default=None,
                    help="torch memory format of the activations (same as --set memory_format=...; default: the "
@@ -45,7 +48,7 @@ def _train(args: argparse.Namespace) -> int:
         [f"memory_format={args.memory_format}"] if args.memory_format else [])
     config = load_train_config(args.config, args.set + flags)
     try:
-        result = train(config, args.data, args.out)
+        result = train(config, args.data, args.out, args.val_data)
     except NonFiniteLossError as err:
         print(f"loopvae train: {err}", file=sys.stderr)
         return 3

@@ -3,7 +3,7 @@
 1. a short ``tiny-stage1`` training run of ``loopvae-cnn-tiny`` on ``kodak-train`` (kodim01-20), to show
    the training pipeline (rerunning resumes or reuses it);
 2. evaluate the **bundled trained model** (``assets/models/loopvae-cnn-tiny``, trained by
-   ``make study-vae``) and the demo's own short run on ``kodak-val`` (kodim21-24, never trained on) at
+   ``make release-vae``) and the demo's own short run on ``kodak-val`` (kodim21-24, never trained on) at
    256^2 next to the bicubic baseline;
 3. run the loop interventions on the bundled model;
 4. time the tiny LoopVAE and the tiny FLUX-layout reference side by side on the CPU, and count the
@@ -42,7 +42,7 @@ def bundled_model_dir() -> Path:
     if not (path / "config.json").is_file() or not (path / WEIGHTS_NAME).is_file():
         raise FileNotFoundError(
             f"the bundled model is missing from {path} (config.json + {WEIGHTS_NAME}); restore it with "
-            "`git checkout -- assets/models` or rebuild it with `make study-vae`"
+            "`git checkout -- assets/models` or rebuild it with `make release-vae`"
         )
     return path
 
@@ -100,6 +100,11 @@ def run_demo(
     return report
 
 
+def _shortcuts_note(bundled: Path) -> str:
+    config = json.loads((bundled / "config.json").read_text())
+    return "with the parameter-free shortcuts" if config.get("shortcuts") else "no shortcuts"
+
+
 def _bundled_provenance(bundled: Path) -> str:
     info = bundled / "release.json"
     if not info.is_file():
@@ -117,8 +122,9 @@ def render_demo_report(result, metrics, interventions, rows, timings, config, bu
     lines = [
         "# loopvision demo report", "",
         "Every section names its model. **Bundled model**: "
-        f"`{rel}` (`loopvae-cnn-tiny`, {rows[0]['params'] / 1e6:.2f}M parameters, no shortcuts, trained by "
-        f"`make study-vae`{_bundled_provenance(bundled)}; see its README.md). **Short run**: `loopvae-cnn-tiny` "
+        f"`{rel}` (`loopvae-cnn-tiny`, {rows[0]['params'] / 1e6:.2f}M parameters, "
+        f"{_shortcuts_note(bundled)}, trained by "
+        f"`make release-vae`{_bundled_provenance(bundled)}; see its README.md). **Short run**: `loopvae-cnn-tiny` "
         f"trained here for {result.step} steps of `tiny-stage1` on kodim01–20 (64×64 crops, batch "
         f"{config.batch_size}) to show the training pipeline. Evaluation on kodim21–24 (never trained on) at 256×256.",
         "",

@@ -1,7 +1,7 @@
 """Tokenizer training objectives (kept outside the model, as in latent-diffusion).
 
-Stage 1: ``L1 + w_p * LPIPS + w_kl * KL`` with the reconstruction averaged over pixels and the KL
-averaged over latent elements and the batch. Stage 2 adds a hinge GAN whose generator term is
+Stage 1: ``L1 + w_p * LPIPS + w_kl * KL`` (plus an optional ``w_mse * MSE``) with the reconstruction
+averaged over pixels and the KL averaged over latent elements and the batch. Stage 2 adds a hinge GAN whose generator term is
 weighted by the LDM adaptive ratio ``||grad nll|| / ||grad g||`` at the decoder's last layer
 (clipped at ``adaptive_weight_max``, times ``gan_weight``) and switched on from ``gan_start_step``.
 Every loss is computed in fp32, also under bf16 autocast.
@@ -57,6 +57,7 @@ def adaptive_gan_weight(
 @dataclass
 class LossWeights:
     l1: float = 1.0
+    mse: float = 0.0  # L2 on the [-1, 1] scale: the term PSNR measures (recipe search, docs/study_loopvae.md)
     perceptual: float = 1.0
     kl: float = 1e-6
     gan: float = 0.5
@@ -89,11 +90,15 @@ class ReconstructionObjective(torch.nn.Module):
         self.perceptual = perceptual
 
     def pixel_terms(self, target: torch.Tensor, recon: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """``w_l1 * L1 + w_p * LPIPS`` for images in [-1, 1] (fp32), plus its parts."""
+        """``w_l1 * L1 + w_mse * MSE + w_p * LPIPS`` for images in [-1, 1] (fp32), plus its parts."""
         target, recon = target.float(), recon.float()
         l1 = (recon - target).abs().mean()
         parts = {"l1": l1}
         nll = self.weights.l1 * l1
+        if self.weights.mse > 0:
+            mse = (recon - target).pow(2).mean()
+            parts["mse"] = mse
+            nll = nll + self.weights.mse * mse
         if self.weights.perceptual > 0:
             lp = self.perceptual(recon, target).mean()
             parts["lpips"] = lp

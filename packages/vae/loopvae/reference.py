@@ -9,6 +9,8 @@
   2.94x ``loopvae-cnn-tiny``'s, the paper's 84M : 29M ratio. The LoopVAE study trains it as the
   matched-budget reference (``docs/study_loopvae.md``); its posterior log-variance starts at -6 as
   LoopVAE's does (:func:`init_posterior_logvar`).
+* ``flux-vae-small``: the FLUX layout at 48/96/192/192 (GroupNorm(16)), 11.86M parameters: 2.82x
+  ``loopvae-cnn-small``'s 4.21M, the GPU-budget release's reference (``make release-vae-gpu``).
 
 Weights are not bundled: pass a local diffusers folder (``config.json`` + safetensors) as
 ``pretrained=PATH`` to :func:`loopvae.create_model`.
@@ -42,6 +44,11 @@ FLUX_VAE_CONFIG: dict[str, Any] = dict(
 
 FLUX_VAE_TINY_CONFIG: dict[str, Any] = dict(
     FLUX_VAE_CONFIG, block_out_channels=(14, 28, 56, 56), norm_num_groups=7, sample_size=256,
+    scaling_factor=1.0, shift_factor=0.0,
+)
+
+FLUX_VAE_SMALL_CONFIG: dict[str, Any] = dict(
+    FLUX_VAE_CONFIG, block_out_channels=(48, 96, 192, 192), norm_num_groups=16, sample_size=256,
     scaling_factor=1.0, shift_factor=0.0,
 )
 

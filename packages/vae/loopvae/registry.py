@@ -13,7 +13,7 @@ from typing import Any
 from torch import nn
 
 from .model import LoopVAE
-from .reference import FLUX_VAE_CONFIG, FLUX_VAE_TINY_CONFIG, SD_VAE_CONFIG, reference_vae
+from .reference import FLUX_VAE_CONFIG, FLUX_VAE_SMALL_CONFIG, FLUX_VAE_TINY_CONFIG, SD_VAE_CONFIG, reference_vae
 
 _REGISTRY: dict[str, Callable[..., nn.Module]] = {}
 
@@ -40,6 +40,13 @@ LOOPVAE_MULTI: dict[str, Any] = dict(
 LOOPVAE_CNN_TINY: dict[str, Any] = dict(
     width=48, num_blocks=2, block_type="conv", latent_channels=16, latent_factor=8,
     encoder_passes=(1, 2, 4), decoder_passes=(1, 2, 4), sample_size=128, norm_groups=8,
+)
+
+# GPU-budget release model (make release-vae-gpu): the same graph at width 144, K=4, with the shortcuts
+# (144 is a multiple of 48, so every shortcut applies), 4.21M parameters.
+LOOPVAE_CNN_SMALL: dict[str, Any] = dict(
+    width=144, num_blocks=4, block_type="conv", latent_channels=16, latent_factor=8,
+    encoder_passes=(1, 2, 4), decoder_passes=(1, 2, 4), sample_size=128, norm_groups=16, shortcuts=True,
 )
 
 
@@ -77,8 +84,12 @@ register_model("loopvae-cnn-f8d16")(_loopvae(LOOPVAE_CNN_F8D16))
 register_model("loopvae-vit-f8d16")(_loopvae(LOOPVAE_VIT_F8D16))
 register_model("loopvae-multi")(_loopvae(LOOPVAE_MULTI))
 register_model("loopvae-cnn-tiny")(_loopvae(LOOPVAE_CNN_TINY))
+register_model("loopvae-cnn-small")(_loopvae(LOOPVAE_CNN_SMALL))
 register_model("sd-vae")(lambda **overrides: reference_vae(SD_VAE_CONFIG, **overrides))
 register_model("flux-vae")(lambda **overrides: reference_vae(FLUX_VAE_CONFIG, **overrides))
 register_model("flux-vae-tiny")(
     lambda **overrides: reference_vae(FLUX_VAE_TINY_CONFIG, **{"initial_logvar": -6.0, **overrides})
+)
+register_model("flux-vae-small")(
+    lambda **overrides: reference_vae(FLUX_VAE_SMALL_CONFIG, **{"initial_logvar": -6.0, **overrides})
 )

@@ -46,6 +46,7 @@ class TrainConfig:
     seed: int = 0
     # objective
     l1_weight: float = 1.0
+    mse_weight: float = 0.0  # an L2 term next to L1 (both on the [-1, 1] scale; 0 = the paper's objective)
     perceptual_weight: float = 1.0
     lpips_net: str = "vgg"
     lpips_weights: str | None = None
@@ -72,6 +73,11 @@ class TrainConfig:
     diffaug_p: float = 1.0
     diffaug_cutout: float = 0.2
     # bookkeeping
+    # held-out validation during training (loopvae train --val-data): PSNR of the EMA weights on the first
+    # eval_images images at eval_resolution^2, every eval_every steps and at the end (0 = only at the end)
+    eval_every: int = 0
+    eval_resolution: int = 256
+    eval_images: int = 40
     checkpoint_every: int = 1000
     keep_checkpoints: int = 3
     log_every: int = 50
@@ -102,11 +108,16 @@ class TrainConfig:
             raise ConfigError(f"stage 1 trains without a discriminator; got discriminator={self.discriminator!r}")
         if self.discriminator not in ("none", "patchgan", "dino"):
             raise ConfigError(f"discriminator must be none, patchgan or dino, got {self.discriminator!r}")
-        for key in ("max_steps", "batch_size", "checkpoint_every", "log_every", "image_every", "r1_every"):
+        for key in ("max_steps", "batch_size", "checkpoint_every", "log_every", "image_every", "r1_every",
+                    "eval_resolution", "eval_images"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"{key} must be >= 1, got {getattr(self, key)}")
         if self.precision not in ("bf16", "fp32"):
             raise ConfigError(f"precision must be bf16 or fp32, got {self.precision!r}")
+        if self.eval_every < 0:
+            raise ConfigError(f"eval_every must be >= 0 (0 = validate only at the end), got {self.eval_every}")
+        if self.mse_weight < 0 or self.l1_weight < 0:
+            raise ConfigError(f"l1_weight and mse_weight must be >= 0, got {self.l1_weight}, {self.mse_weight}")
         if self.modulation_lr_scale <= 0:
             raise ConfigError(f"modulation_lr_scale must be > 0, got {self.modulation_lr_scale}")
         if self.lpips_net not in ("vgg", "alex"):

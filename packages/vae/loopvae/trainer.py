@@ -8,7 +8,9 @@ which is everything needed for a resumed run to end with the weights of an unint
 
 from __future__ import annotations
 
+import json
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ from torch.nn.parallel import DistributedDataParallel
 import loopdata
 from loopcore.flops import count_macs
 from loopdata.shards import canonical_urls
+from looprun.checkpoint import write_atomic
 from looprun.distributed import average_gradients
 from looprun.optimization import EMA, make_scheduler
 from looprun.release import resolve_artifact
@@ -37,6 +40,7 @@ from .model import LoopVAE
 from .perceptual import PerceptualLoss
 from .registry import create_model
 from .train_config import TrainConfig
+from .validation import ValidationSet, validation_psnr
 
 log = logging.getLogger("loopvae.train")
 
@@ -148,7 +152,9 @@ def last_layer(vae: LoopVAE | AutoencoderKL) -> torch.Tensor:
 class Trainer(TrainingLoop):
     """Owns every piece of training state; :meth:`run` runs :class:`looprun.training_loop.TrainingLoop`."""
 
-    def __init__(self, config: TrainConfig, data: str | list[str], out_dir: str | Path) -> None:
+    def __init__(
+        self, config: TrainConfig, data: str | list[str], out_dir: str | Path, val_data: str | list[str] | None = None
+    ) -> None:
         super().__init__(config.validate(), out_dir, "loopvae")
         with self.abandon_on_error():
             dev = self.ctx.device
@@ -165,7 +171,8 @@ class Trainer(TrainingLoop):
             if config.perceptual_weight > 0:
                 perceptual = PerceptualLoss(config.lpips_net, config.lpips_weights).to(dev)
             weights = LossWeights(
-                l1=config.l1_weight, perceptual=config.perceptual_weight, kl=config.kl_weight, gan=config.gan_weight,
+                l1=config.l1_weight, mse=config.mse_weight, perceptual=config.perceptual_weight,
+                kl=config.kl_weight, gan=config.gan_weight,
                 gan_start_step=config.gan_start_step, adaptive_weight_max=config.adaptive_weight_max,
                 deep_supervision=config.deep_supervision_weight,
             )
@@ -196,6 +203,13 @@ class Trainer(TrainingLoop):
             )
             self.data_spec = canonical_urls(data)
             self.d_steps = 0
+            # the learning curve: one entry per validation; train_seconds is the CPU time of the optimisation
+            # steps alone (time.process_time: every thread of this process, data loading in it included)
+            self.val_set = (ValidationSet(val_data, config.eval_resolution, config.eval_images)
+                            if val_data else None)
+            self.validation: list[dict[str, Any]] = []
+            self.train_seconds = 0.0
+            self.train_wall_seconds = 0.0  # the same steps' wall time (GPU runs: CPU time is not the cost)
             self._last_batch: tuple[torch.Tensor, torch.Tensor] | None = None
             self.resume()
 
@@ -224,10 +238,16 @@ class Trainer(TrainingLoop):
             self.d_optimizer.load_state_dict(s["d_optimizer"])
 
     def counters(self) -> dict[str, Any]:
-        return {"d_steps": self.d_steps}
+        return {"d_steps": self.d_steps, "train_seconds": self.train_seconds,
+                "train_wall_seconds": self.train_wall_seconds,
+                "validation": json.dumps(self.validation)}
 
     def load_counters(self, trainer_state: dict[str, Any]) -> None:
         self.d_steps = int(trainer_state["d_steps"])
+        # checkpoints written before these counters existed resume with an empty curve
+        self.train_seconds = float(trainer_state.get("train_seconds", 0.0))
+        self.train_wall_seconds = float(trainer_state.get("train_wall_seconds", 0.0))
+        self.validation = json.loads(trainer_state.get("validation", "[]"))
 
     # -- steps ---------------------------------------------------------------------------------
     def _autocast(self):
@@ -313,16 +333,42 @@ class Trainer(TrainingLoop):
 
     # -- loop ----------------------------------------------------------------------------------
     def train_step(self, batch: dict[str, Any]) -> dict[str, float]:
+        # CPU time of this process (all its threads), not wall time: runs sharing a machine stay comparable
+        start, wall = time.process_time(), time.perf_counter()
         self.vae.train()
         x = batch["image"].to(self.ctx.device, non_blocking=True).contiguous(memory_format=self.memory_format)
         logs, recon = self.generator_step(x)
         if self.disc is not None and self.step >= self.config.disc_start_step:
             logs.update(self.discriminator_step(x, recon))
         self._last_batch = (x, recon)
+        self.train_seconds += time.process_time() - start
+        self.train_wall_seconds += time.perf_counter() - wall
         return logs
+
+    def validate(self, logger: RunLogger) -> dict[str, Any] | None:
+        """Held-out PSNR of the EMA weights (``--val-data``); appended to the curve, logged as ``val/psnr``
+        and written to ``validation.json``. ``None`` without validation data."""
+        if self.val_set is None:
+            return None
+        result = validation_psnr(self.ema.module, self.val_set, self.ctx)
+        entry = {"step": self.step, "images_seen": self.step * self.config.batch_size * self.ctx.world_size,
+                 "train_seconds": round(self.train_seconds, 2),
+                 "train_wall_seconds": round(self.train_wall_seconds, 2), **result}
+        self.validation = [e for e in self.validation if e["step"] < self.step] + [entry]
+        logger.scalars(self.step, {"psnr": entry["psnr"]}, prefix="val", throughput=False)
+        log.info("step %d: validation PSNR %.3f dB on %d images (EMA weights)", self.step, entry["psnr"],
+                 entry["num_images"])
+        if self.ctx.is_main:
+            write_atomic(self.run_dir / "validation.json", json.dumps(self.validation, indent=2))
+        return entry
+
+    def before_final_checkpoint(self, logger: RunLogger) -> None:
+        self.validate(logger)  # stored in the final checkpoint
 
     def after_step(self, batch: dict[str, Any], logger: RunLogger) -> None:
         cfg = self.config
+        if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < self.total_steps:
+            self.validate(logger)
         if self.ctx.is_main and (self.step % cfg.image_every == 0 or self.step == cfg.max_steps):
             x, recon = self._last_batch
             grid = torchvision.utils.make_grid(
@@ -338,10 +384,12 @@ class Trainer(TrainingLoop):
         )
         outcome = self.loop()
         release = self.finish_run(
-            self.vae, self.ema.module, self.release_provenance(), outcome, {"max_steps": cfg.max_steps},
+            self.vae, self.ema.module, self.release_provenance(), outcome,
+            {"max_steps": cfg.max_steps, "train_seconds": round(self.train_seconds, 1),
+             "train_wall_seconds": round(self.train_wall_seconds, 1), "validation": self.validation},
             card_facts=self.card_facts() if outcome.stopped_by is None and self.ctx.is_main else None,
         )
-        return self.result(outcome, release)
+        return self.result(outcome, release, self.validation)
 
 
 def describe_data(spec: Any) -> str:
@@ -360,6 +408,9 @@ def reconstruction_macs(model: torch.nn.Module, resolution: int) -> int:
     return count_macs(lambda: twin.decode(twin.encode(x).latent_dist.sample()))
 
 
-def train(config: TrainConfig, data: str | list[str], out_dir: str | Path) -> TrainResult:
-    """Train (or resume) a LoopVAE per ``config`` on WebDataset ``data``, writing to ``out_dir``."""
-    return Trainer(config, data, out_dir).run()
+def train(
+    config: TrainConfig, data: str | list[str], out_dir: str | Path, val_data: str | list[str] | None = None
+) -> TrainResult:
+    """Train (or resume) a LoopVAE per ``config`` on WebDataset ``data``, writing to ``out_dir``; with
+    ``val_data``, held-out PSNR every ``eval_every`` steps and at the end (``validation.json``)."""
+    return Trainer(config, data, out_dir, val_data).run()

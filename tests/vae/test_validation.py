@@ -1,0 +1,73 @@
+"""Held-out validation during ``loopvae train`` (the learning curve) and the optional MSE term."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
+
+from loopvae.evaluate import EvalOptions, evaluate
+from loopvae.losses import LossWeights, ReconstructionObjective, kl_per_element
+from loopvae.train_config import ConfigError, load_train_config
+from loopvae.trainer import train
+from lv_testing import FAST, data_urls
+
+
+def _config(*extra: str):
+    return load_train_config("tiny-stage1", [*FAST, "checkpoint_every=5", "log_every=5", "eval_resolution=64",
+                                             "eval_images=3", *extra])
+
+
+def test_the_curve_is_logged_and_its_last_point_is_what_loopvae_eval_measures(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    result = train(_config("max_steps=10", "eval_every=5"), data_urls(), out, val_data=data_urls("val"))
+    curve = json.loads((out / "validation.json").read_text())
+    assert [e["step"] for e in curve] == [5, 10] and result.validation == curve
+    assert [e["images_seen"] for e in curve] == [20, 40]
+    assert all(e["num_images"] == 3 for e in curve)
+    assert 0 < curve[0]["train_seconds"] < curve[1]["train_seconds"]
+    assert 0 < curve[0]["train_wall_seconds"] < curve[1]["train_wall_seconds"]
+    summary = json.loads((out / "train_summary.json").read_text())
+    assert summary["validation"] == curve and summary["train_seconds"] >= curve[-1]["train_seconds"]
+    # the same protocol as loopvae eval: the release (EMA weights) on the same three images
+    metrics = evaluate(out / "release", data_urls("val"), tmp_path / "eval",
+                       EvalOptions(resolution=64, limit=3, num_workers=0, lpips_net="none", progress=False))
+    assert metrics["psnr"] == pytest.approx(curve[-1]["psnr"], abs=1e-9)
+
+
+def test_a_resumed_run_keeps_the_curve_of_its_earlier_invocation(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    train(_config("max_steps=5", "eval_every=5"), data_urls(), out, val_data=data_urls("val"))
+    first = json.loads((out / "validation.json").read_text())
+    # max_steps and eval_every may change on resume; the curve and the CPU seconds carry over
+    train(_config("max_steps=10", "eval_every=5"), data_urls(), out, val_data=data_urls("val"))
+    curve = json.loads((out / "validation.json").read_text())
+    assert [e["step"] for e in curve] == [5, 10]
+    assert curve[0] == first[0] and curve[1]["train_seconds"] > first[0]["train_seconds"]
+
+
+def test_without_validation_data_nothing_is_written(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    result = train(_config("max_steps=5", "eval_every=5"), data_urls(), out)
+    assert result.validation == [] and not (out / "validation.json").exists()
+
+
+def test_mse_term_adds_exactly_its_weighted_mean_square() -> None:
+    torch.manual_seed(0)
+    x, recon = torch.rand(2, 3, 8, 8) * 2 - 1, torch.rand(2, 3, 8, 8) * 2 - 1
+    posterior = DiagonalGaussianDistribution(torch.randn(2, 8, 1, 1))
+    plain = ReconstructionObjective(LossWeights(perceptual=0.0))(x, recon, posterior, 0)
+    mixed = ReconstructionObjective(LossWeights(perceptual=0.0, mse=10.0))(x, recon, posterior, 0)
+    mse = float((recon - x).pow(2).mean())
+    assert mixed.logs["mse"] == pytest.approx(mse)
+    assert float(mixed.total) == pytest.approx(float(plain.total) + 10.0 * mse, rel=1e-6)
+    assert float(plain.total) == pytest.approx(float((recon - x).abs().mean() + 1e-6 * kl_per_element(posterior)))
+    assert "mse" not in plain.logs
+
+
+@pytest.mark.parametrize("override, key", [("eval_every=-1", "eval_every"), ("mse_weight=-1", "mse_weight"),
+                                           ("eval_images=0", "eval_images")])
+def test_bad_validation_and_loss_keys_are_named(override: str, key: str) -> None:
+    with pytest.raises(ConfigError, match=key):
+        load_train_config("tiny-stage1", [override])
