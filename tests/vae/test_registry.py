@@ -41,7 +41,7 @@ def test_registry_lists_the_spec_names() -> None:
     assert set(loopvae.list_models()) >= {
         "loopvae-cnn-f8d16", "loopvae-vit-f8d16", "loopvae-multi", "loopvae-cnn-tiny", "sd-vae", "flux-vae"
     }
-    assert loopvae.list_models("loopvae-cnn-*") == ["loopvae-cnn-f8d16", "loopvae-cnn-tiny"]
+    assert loopvae.list_models("loopvae-cnn-*") == ["loopvae-cnn-f8d16", "loopvae-cnn-small", "loopvae-cnn-tiny"]
     with pytest.raises(KeyError, match="unknown model 'loopvae-huge'; available: "):
         loopvae.create_model("loopvae-huge")
 
@@ -122,6 +122,8 @@ def tiny_overrides(name: str) -> dict:
         return {}
     if not name.startswith("loopvae"):
         return TINY_OVERRIDES["reference"]
+    if meta_model(name).config.shortcuts:  # every shortcut needs a width divisible by 12, 16 and 3
+        return {**TINY_OVERRIDES["loopvae"], "width": 48}
     if meta_model(name).config.block_type == "attention":
         return {**TINY_OVERRIDES["loopvae"], **TINY_OVERRIDES["attention"]}
     return TINY_OVERRIDES["loopvae"]

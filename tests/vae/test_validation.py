@@ -33,7 +33,9 @@ def test_the_curve_is_logged_and_its_last_point_is_what_loopvae_eval_measures(tm
     # the same protocol as loopvae eval: the release (EMA weights) on the same three images
     metrics = evaluate(out / "release", data_urls("val"), tmp_path / "eval",
                        EvalOptions(resolution=64, limit=3, num_workers=0, lpips_net="none", progress=False))
-    assert metrics["psnr"] == pytest.approx(curve[-1]["psnr"], abs=1e-9)
+    # training keeps the EMA copy in channels_last, the release loads contiguous: float rounding may move a
+    # few uint8 pixels by one level (measured 2e-6 dB here), far below any reported digit
+    assert metrics["psnr"] == pytest.approx(curve[-1]["psnr"], abs=1e-3)
 
 
 def test_a_resumed_run_keeps_the_curve_of_its_earlier_invocation(tmp_path: Path) -> None:

@@ -385,8 +385,8 @@ class Trainer(TrainingLoop):
         outcome = self.loop()
         release = self.finish_run(
             self.vae, self.ema.module, self.release_provenance(), outcome,
-            {"max_steps": cfg.max_steps, "train_seconds": round(self.train_seconds, 1),
-             "train_wall_seconds": round(self.train_wall_seconds, 1), "validation": self.validation},
+            {"max_steps": cfg.max_steps, "train_seconds": round(self.train_seconds, 2),
+             "train_wall_seconds": round(self.train_wall_seconds, 2), "validation": self.validation},
             card_facts=self.card_facts() if outcome.stopped_by is None and self.ctx.is_main else None,
         )
         return self.result(outcome, release, self.validation)
