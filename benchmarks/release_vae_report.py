@@ -63,7 +63,9 @@ def release_section(r: dict[str, Any], folder: Path) -> list[str]:
         f"- Latent normalisation (`loopvae latent-stats`, {ls['num_images']} training images, posterior "
         f"{ls['posterior']}s at {ls['resolution']}²): shift_factor {ls['shift_factor']:.4f}, scaling_factor "
         f"{ls['scaling_factor']:.4f}; normalised latents of the held-out ImageNet images: mean {hl['mean']:+.3f}, "
-        f"s.d. {hl['std']:.3f}.", "",
+        f"s.d. {hl['std']:.3f}"
+        + (f"; of kodim21–24: mean {r['kodak_latents']['mean']:+.3f}, s.d. {r['kodak_latents']['std']:.3f} (4 photos "
+           "of another collection, less varied than the training images)." if "kodak_latents" in r else "."), "",
         f"![learning curves]({folder.name}/release_curve.png)", "",
     ]
     iv = r["interventions"]
