@@ -259,14 +259,9 @@ def main() -> int:
     args = parser.parse_args()
     if args.command == "prepare":
         if args.train is None or args.holdout is None:
-            from study_vae_data import prepare_study_data
+            from study_vae_data import release_data
 
-            import loopdata
-
-            shared = Path(args.shared) if args.shared else loopdata.find_shared_data()
-            if shared is None:
-                sys.exit("prepare needs the shared data (ImageNet sample): pass --shared DIR, or --train and --holdout")
-            data = prepare_study_data(shared, Path("runs/release-vae/data"), validation_offset=10)
+            data = release_data(args.shared, Path("runs/release-vae/data"), "prepare (or pass --train and --holdout)")
             args.train, args.holdout = args.train or data.train, args.holdout or data.imagenet_holdout
         print(json.dumps(prepare(args.train, args.holdout, Path(args.out)), indent=1))
     elif args.command == "run":

@@ -70,6 +70,18 @@ def prepare_study_data(shared: Path, out: Path, holdout_every: int = 20, validat
     )
 
 
+RELEASE_VALIDATION_OFFSET = 10  # ImageNet-sample image i is validation when i % 20 == 10 (held out: i % 20 == 0)
+
+
+def release_data(shared: str | None, out: Path, purpose: str) -> StudyData:
+    """The release's data (the study's split plus the validation images) from ``shared`` (default: found);
+    exits naming ``purpose`` when the shared ImageNet sample is not there."""
+    root = Path(shared) if shared else loopdata.find_shared_data()
+    if root is None:
+        raise SystemExit(f"{purpose} needs the shared data (ImageNet sample): pass --shared DIR")
+    return prepare_study_data(root, out, validation_offset=RELEASE_VALIDATION_OFFSET)
+
+
 if __name__ == "__main__":
     shared = loopdata.assets.find_shared_data()
     print(prepare_study_data(shared, Path("runs/study-vae/data")))

@@ -25,16 +25,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from study_loopvae import Arm, Timings, train_arms  # noqa: E402
-from study_vae_data import prepare_study_data  # noqa: E402
-
-import loopdata  # noqa: E402
+from study_vae_data import release_data  # noqa: E402
 
 PRESET = "release-tiny"
 BASE_STEPS = 500  # ~6.5 minutes of one core (two runs sharing the machine) for 8 crops of 64^2
 # The search's base recipe, pinned here so that the preset can carry the search's outcome: release-tiny with
 # its lr and loss as they were before the search.
 BASE_RECIPE = ["lr=1.0e-3", "mse_weight=0.0"]
-VALIDATION_OFFSET = 10  # ImageNet-sample image i is validation when i % 20 == 10 (held out: i % 20 == 0)
 
 
 @dataclass
@@ -158,12 +155,9 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=None, help="scale every arm to this base step count (smoke runs)")
     parser.add_argument("--only", nargs="*", default=None, help="arm names to run (default: all)")
     args = parser.parse_args()
-    shared = Path(args.shared) if args.shared else loopdata.find_shared_data()
-    if shared is None:
-        sys.exit("the recipe search needs the shared data (ImageNet sample): pass --shared DIR")
     runs = Path(args.runs)
     runs.mkdir(parents=True, exist_ok=True)
-    data = prepare_study_data(shared, Path(args.data_dir), validation_offset=VALIDATION_OFFSET)
+    data = release_data(args.shared, Path(args.data_dir), "the recipe search")
     chosen = [a for a in search_arms() if args.only is None or a.name in args.only]
     if args.steps is not None:
         for a in chosen:

@@ -81,7 +81,8 @@ def test_config_carries_measured_latent_statistics(bundled: LoopVAE, kodak_val: 
     # normalised latents measured s.d. 0.80, and the card says so; the bar (mean ~0, s.d. ~1) is tested on the
     # 40 held-out ImageNet images below
     z = _normalised_latents(bundled, kodak_val)
-    stated = re.search(r"on kodim21–24 \(4 photos of another collection\) mean\s+([-+0-9.]+), s\.d\. ([0-9.]+)", _card())
+    stated = re.search(r"on kodim21–24 \(4 photos of another collection\) mean\s+([-+0-9.]+), s\.d\. ([0-9.]+)",
+                       _card())
     assert float(z.mean()) == pytest.approx(float(stated.group(1)), abs=0.0006)
     assert float(z.std()) == pytest.approx(float(stated.group(2)), abs=0.0006)
 

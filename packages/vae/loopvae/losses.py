@@ -1,8 +1,8 @@
 """Tokenizer training objectives (kept outside the model, as in latent-diffusion).
 
 Stage 1: ``L1 + w_p * LPIPS + w_kl * KL`` (plus an optional ``w_mse * MSE``) with the reconstruction
-averaged over pixels and the KL averaged over latent elements and the batch. Stage 2 adds a hinge GAN whose generator term is
-weighted by the LDM adaptive ratio ``||grad nll|| / ||grad g||`` at the decoder's last layer
+averaged over pixels and the KL averaged over latent elements and the batch. Stage 2 adds a hinge GAN
+whose generator term is weighted by the LDM adaptive ratio ``||grad nll|| / ||grad g||`` at the decoder's last layer
 (clipped at ``adaptive_weight_max``, times ``gan_weight``) and switched on from ``gan_start_step``.
 Every loss is computed in fp32, also under bf16 autocast.
 """
