@@ -232,7 +232,7 @@ def main() -> int:
     stats = write_latent_stats(release, data.train, timings, None if args.steps is None else 16)
     lpips_net = "alex" if default_backbone_path("alex").is_file() else "none"
     evals = {a.name: evaluate_arm(runs / a.name, data, lpips_net, timings) for a in arms}
-    images, keys = intervention_images(data)
+    images, keys = intervention_images(data.kodak_val, data.imagenet_holdout)
     interventions = run_interventions_on(runs / LOOPVAE, images, keys, timings)
     cfg = load_train_config(PRESET, arms[0].overrides)
     summaries = {a.name: json.loads((runs / a.name / "train_summary.json").read_text()) for a in arms}

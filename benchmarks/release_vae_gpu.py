@@ -38,6 +38,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from paired_stats import paired_difference  # noqa: E402
+from study_loopvae import intervention_images  # noqa: E402
 
 PRESET = "release-small-gpu"
 MODELS = {"loopvae": "loopvae-cnn-small", "reference": "flux-vae-small"}
@@ -98,8 +99,8 @@ def calibrate(data: str, work: Path, device: str, probe_steps: int, overrides: l
     underestimate, so the sized run ends inside the budget)."""
     probe = work / "probe"
     subprocess.run(train_command(MODELS["loopvae"], data, probe, device,
-                                 [f"max_steps={probe_steps}", f"checkpoint_every={probe_steps}", "eval_every=0",
-                                  *overrides]), check=True)
+                                 [f"max_steps={probe_steps}", f"checkpoint_every={probe_steps}", *overrides]),
+                   check=True)
     seconds = json.loads((probe / "train_summary.json").read_text())["train_wall_seconds"]
     return probe_steps / max(seconds, 1e-6)
 
@@ -138,19 +139,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     data = Path(args.data)
     train = str(data / "train-000000.tar")
-    kodak = ",".join(str(p) for p in sorted(Path("assets/kodak").glob("kodak-val-*.tar")))
+    import loopdata
+
+    kodak = ",".join(str(u) for u in loopdata.bundled_kodak_urls("val"))
     urls = {"kodak": kodak, "imagenet": ",".join(str(p) for p in sorted(data.glob("holdout-*.tar")))}
     out, work = Path(args.out), Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     overrides = list(args.set)
     started = time.perf_counter()
     if args.steps is None:
-        rate = calibrate(train, work, args.device, args.probe_steps, overrides)
+        rate = calibrate(train, work, args.device, args.probe_steps, [*overrides, *args.loopvae_set])
         steps = max(10, int(rate * args.budget_s))
     else:
         rate, steps = None, args.steps
-    schedule = [f"max_steps={steps}", f"checkpoint_every={steps}", f"eval_every={max(1, steps // 4)}",
-                f"image_every={steps}", f"log_every={max(1, steps // 20)}"]
+    schedule = [f"max_steps={steps}", f"checkpoint_every={steps}", f"image_every={steps}",
+                f"log_every={max(1, steps // 20)}"]
     result: dict[str, Any] = {"device": torch.cuda.get_device_name(0) if args.device == "cuda" else args.device,
                               "torch": torch.__version__, "preset": PRESET, "steps": steps, "probe_rate": rate,
                               "budget_s": args.budget_s, "overrides": overrides, "models": {}}
@@ -168,7 +171,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                  "images_seen": steps * _batch_size(run_dir)}
         entry["eval"] = evaluate_release(release, urls, run_dir, args.device, args.eval_resolution)
         if role == "loopvae":
-            images = _images(urls, args.intervention_images, args.eval_resolution)
+            images, _ = intervention_images(urls["kodak"], urls["imagenet"], args.intervention_images,
+                                            args.eval_resolution)
             entry["interventions"] = run_interventions(model_obj.to(args.device), images.to(args.device))
         copy_release(release, out / role)
         result["models"][role] = entry
@@ -188,19 +192,6 @@ def _batch_size(run_dir: Path) -> int:
     import yaml
 
     return int(yaml.safe_load((run_dir / "config.yaml").read_text())["batch_size"])
-
-
-def _images(urls: dict[str, str], count: int, resolution: int):
-    import torch
-
-    import loopdata
-
-    images = []
-    for data in urls.values():
-        loader = loopdata.make_loader(data, task="reconstruction", train=False, batch_size=8, num_workers=0,
-                                      resolution=resolution, rank=0, world_size=1)
-        images.extend(b["image"] for b in loader)
-    return torch.cat(images)[:count]
 
 
 # -- bundle (here) ---------------------------------------------------------------------------------

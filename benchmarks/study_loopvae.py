@@ -250,12 +250,13 @@ def l1_curve(run: Path) -> list[tuple[int, float]]:
     return sorted(by_step.items())
 
 
-def intervention_images(data: StudyData, count: int = 16) -> tuple[torch.Tensor, list[str]]:
-    """kodim21-24 then held-out ImageNet images, ``count`` in all, at 256^2 in [-1, 1]."""
+def intervention_images(kodak_val: str, imagenet_holdout: str, count: int = 16, resolution: int = 256
+                        ) -> tuple[torch.Tensor, list[str]]:
+    """kodim21-24 then held-out ImageNet images, ``count`` in all, at ``resolution``^2 in [-1, 1]."""
     images, keys = [], []
-    for urls in (data.kodak_val, data.imagenet_holdout):
+    for urls in (kodak_val, imagenet_holdout):
         loader = loopdata.make_loader(urls, task="reconstruction", train=False, batch_size=8, num_workers=0,
-                                      resolution=256, rank=0, world_size=1)
+                                      resolution=resolution, rank=0, world_size=1)
         for batch in loader:
             images.append(batch["image"])
             keys.extend(batch["key"])
@@ -344,7 +345,7 @@ def main() -> int:
     evals = {arm.name: evaluate_arm(runs / arm.name, data, lpips_net, timings) for arm in selected}
     # Fixed in advance: choosing the higher-PSNR seed on the reported images would select on the test set.
     best = "global-s0"
-    images, keys = intervention_images(data)
+    images, keys = intervention_images(data.kodak_val, data.imagenet_holdout)
     print("interventions", flush=True)
     interventions = {name: run_interventions_on(runs / name, images, keys, timings)
                      for name in dict.fromkeys([best, "global-s0", "global-ds-s0"])}

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -165,8 +166,6 @@ def main() -> int:
     timings = Timings(runs / "timings.json")
     train_arms([a.arm() for a in chosen], data, runs, args.jobs, 1, timings, preset=PRESET,
                extra_args=("--val-data", data.validation))
-
-    import time
 
     from loopvae.train_config import load_train_config
 
