@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup test lint demo bench bench-gpu study study-quick study-vae study-vae-report recipe-search-vae \
+.PHONY: setup test lint demo bench bench-gpu study study-quick study-vae study-vae-report study-schedule study-schedule-report recipe-search-vae \
 	release-vae release-vae-gpu-prepare release-vae-gpu clean
 
 setup: $(STAMP)
@@ -51,6 +51,16 @@ study-vae: setup
 # Re-render docs/study_loopvae.md from the committed results (study, recipe search, release) without training.
 study-vae-report: setup
 	$(BIN)/python benchmarks/study_loopvae.py --report-only --out docs/study_loopvae.md
+
+# Where should the loops go? 8 schedule arms (15 runs, the release recipe at 1,500 steps) and flux-vae-tiny: params,
+# GMACs, CPU time, paired PSNR/SSIM, interventions, the frontier and any-time decoding (~2 h on 2 cores)
+# -> docs/study_schedule.md (+ docs/study_schedule/); finished runs in runs/study-schedule are reused.
+study-schedule: setup
+	$(BIN)/python benchmarks/study_schedule.py --out docs/study_schedule.md
+
+# Re-render docs/study_schedule.md and its plots from the committed results.json (no training or measuring).
+study-schedule-report: setup
+	$(BIN)/python benchmarks/study_schedule.py --render-only --out docs/study_schedule.md
 
 # The bundled model's recipe search: 8 one-change arms x ~6.5 CPU-minutes, two at a time (~30 min)
 # -> docs/study_loopvae/recipe_search.md (+ .png, .json).

@@ -171,7 +171,10 @@ def _latent_stats(args: argparse.Namespace) -> int:
 
 def _add_profile(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("profile", help="params, MACs, latency and peak memory of registered models")
-    p.add_argument("--models", required=True, help="comma-separated registry names")
+    p.add_argument("--models", default="", help="comma-separated registry names (optional with --quality)")
+    p.add_argument("--quality", default=None,
+                   help="a study's results.json (make study-schedule: docs/study_schedule/results.json): profile "
+                        "its trained variants too and put their measured PSNR/SSIM next to params, MACs and time")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--batch", type=positive_int, default=1)
     p.add_argument("--resolution", type=positive_int, default=256)
@@ -193,7 +196,10 @@ def _profile(args: argparse.Namespace) -> int:
     unknown = [m for m in models if m not in list_models()]
     if unknown:
         raise ValueError(f"unknown model(s) {unknown}; available: {', '.join(list_models())}")
-    profile(models, args.out, device=args.device, batch=args.batch, resolution=args.resolution, dtype=args.dtype,
+    if not models and args.quality is None:
+        raise ValueError("loopvae profile needs --models NAME[,NAME...] or --quality RESULTS.json")
+    profile(models, args.out, quality=args.quality, device=args.device, batch=args.batch, resolution=args.resolution,
+            dtype=args.dtype,
             warmup=args.warmup, iters=args.iters, macs_only=args.macs_only, memory_format=args.memory_format,
             compile=args.compile, plain_blocks=args.plain_blocks)
     print((__import__("pathlib").Path(args.out) / "profile.md").read_text())

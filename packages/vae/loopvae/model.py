@@ -16,6 +16,7 @@ The public surface is diffusers' ``AutoencoderKL``: ``encode`` -> ``AutoencoderK
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Sequence
 
@@ -289,19 +290,50 @@ class LoopVAE(ReleaseLoadingMixin, ModelMixin, AutoencoderMixin, ConfigMixin):
             return tiled_apply(lambda t: self.decoder(t, factor), z, ltile, loverlap, float(factor))
         return self.decoder(z, factor)
 
+    def decoder_schedule_hooks(self, decoder_passes: Sequence[int] | None) -> lc.LoopHooks | None:
+        """Validate an any-time ``decoder_passes`` schedule and return the prefix hooks that run it.
+
+        ``decoder_passes`` has one entry per decoder stage, coarse to fine (the layout of
+        ``config.decoder_passes``), each in ``1..trained`` passes of that stage. ``None`` or the trained
+        schedule itself give ``None``: no hooks, so the plain forward runs unchanged.
+        """
+        if decoder_passes is None:
+            return None
+        trained = [int(p) for p in self.config.decoder_passes]
+        try:
+            wanted = [int(p) for p in decoder_passes]
+        except (TypeError, ValueError):
+            raise ValueError(f"decoder_passes must be a list of integers, got {decoder_passes!r}") from None
+        if len(wanted) != len(trained) or any(not 1 <= w <= t for w, t in zip(wanted, trained, strict=False)):
+            raise ValueError(
+                f"decoder_passes {wanted} does not fit the trained decoder schedule {trained} (coarse to fine): give "
+                f"{len(trained)} entries, each between 1 and the trained passes of its stage"
+            )
+        prefix = {s: w for s, (w, t) in enumerate(zip(wanted, trained, strict=True)) if w < t}
+        return lc.LoopHooks(prefix=prefix) if prefix else None
+
     def decode(
         self, z: torch.Tensor, return_dict: bool = True, generator: torch.Generator | None = None,
-        latent_factor: int | None = None,
+        latent_factor: int | None = None, decoder_passes: Sequence[int] | None = None,
     ) -> DecoderOutput | tuple[torch.Tensor]:
         """Decode latents ``(B, z, h, w)`` into images ``(B, 3, f h, f w)`` (about [-1, 1], unclipped).
 
         The entry point of a multi-resolution decoder follows from the latent's channel count.
+        ``decoder_passes`` (any-time decoding) runs only the first ``k_s`` passes of each decoder stage,
+        coarse to fine, e.g. ``[1, 2, 1]`` on a model trained with ``[1, 2, 4]``: less decode time for
+        some quality (see :meth:`decoder_schedule_hooks`; models trained with deep supervision degrade
+        gracefully, plain ones do not). Stages a multi-resolution entry skips ignore their entry.
         """
         factor = self._factor_of(z, latent_factor)
-        if self.use_slicing and z.shape[0] > 1:
-            sample = torch.cat([self._decode(zs, factor) for zs in z.split(1)])
-        else:
-            sample = self._decode(z, factor)
+        hooks = self.decoder_schedule_hooks(decoder_passes)
+        if hooks is not None and self.decoder.core.hooks is not None:
+            raise ValueError("decoder_passes cannot be combined with hooks installed on the decoder core; "
+                             "put the prefix into those hooks instead")
+        with self.decoder.core.use_hooks(hooks) if hooks is not None else contextlib.nullcontext():
+            if self.use_slicing and z.shape[0] > 1:
+                sample = torch.cat([self._decode(zs, factor) for zs in z.split(1)])
+            else:
+                sample = self._decode(z, factor)
         return DecoderOutput(sample=sample) if return_dict else (sample,)
 
     def decode_passes(self, z: torch.Tensor, latent_factor: int | None = None) -> DecoderPasses:
@@ -310,9 +342,10 @@ class LoopVAE(ReleaseLoadingMixin, ModelMixin, AutoencoderMixin, ConfigMixin):
 
     def forward(
         self, sample: torch.Tensor, sample_posterior: bool = False, return_dict: bool = True,
-        generator: torch.Generator | None = None,
+        generator: torch.Generator | None = None, decoder_passes: Sequence[int] | None = None,
     ) -> DecoderOutput | tuple[torch.Tensor]:
-        """Reconstruct ``sample`` through the posterior mode (or a posterior sample)."""
+        """Reconstruct ``sample`` through the posterior mode (or a posterior sample); ``decoder_passes`` as in
+        :meth:`decode`."""
         posterior = self.encode(sample).latent_dist
         z = posterior.sample(generator=generator) if sample_posterior else posterior.mode()
-        return self.decode(z, return_dict=return_dict)
+        return self.decode(z, return_dict=return_dict, decoder_passes=decoder_passes)

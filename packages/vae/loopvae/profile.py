@@ -31,10 +31,10 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def count_model(name: str, resolution: int) -> tuple[int, int]:
+def count_model(name: str, resolution: int, overrides: dict[str, Any] | None = None) -> tuple[int, int]:
     """``(params, MACs)`` of one 256^2-style reconstruction at batch 1, on the meta device."""
     with torch.device("meta"):
-        model = create_model(name)
+        model = create_model(name, **(overrides or {}))
         x = torch.empty(1, 3, resolution, resolution)
     macs = count_macs(lambda: model.decode(model.encode(x).latent_dist.sample()))
     return count_parameters(model), macs
@@ -110,15 +110,17 @@ def _time_reconstruction(
 def profile_model(
     name: str, device: str = "cpu", batch: int = 1, resolution: int = 256, dtype: str = "fp32", warmup: int = 2,
     iters: int = 5, macs_only: bool = False, memory_format: str = "contiguous", compile: bool = False,
-    plain_blocks: bool = False,
+    plain_blocks: bool = False, overrides: dict[str, Any] | None = None, label: str | None = None,
 ) -> list[dict[str, Any]]:
     """``profile.json`` rows of one model (see module docstring): the eager row, plus a compiled row when
     ``compile`` (the same weights and input after :func:`looprun.speed.compile_in_place`; its warm-up
     includes the compilation, so it gets at least one warm-up call). ``plain_blocks`` times the looped
-    cores' blocks with the plain adaLN-Zero formula instead of the fused one (what the fusion buys)."""
-    params, macs = count_model(name, resolution)
+    cores' blocks with the plain adaLN-Zero formula instead of the fused one (what the fusion buys).
+    ``overrides`` go to ``create_model`` (e.g. a pass schedule); ``label`` names the row (default: ``name``)."""
+    params, macs = count_model(name, resolution, overrides)
     row: dict[str, Any] = {
-        "model": name, "variant": "eager", "params": params, "gmacs": macs / 1e9, "ms_per_image": None,
+        "model": label or name, "registry_name": name, "overrides": dict(overrides or {}), "variant": "eager",
+        "params": params, "gmacs": macs / 1e9, "ms_per_image": None,
         "images_per_s": None, "peak_mem_mib": None, "device": device, "dtype": dtype, "batch": batch,
         "resolution": resolution, "memory_format": memory_format, "plain_blocks": plain_blocks,
     }
@@ -127,7 +129,8 @@ def profile_model(
     dev = torch.device(device)
     torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
     torch.manual_seed(0)
-    model = set_fused_blocks(prepare_for_speed(create_model(name).to(dev).eval(), memory_format), not plain_blocks)
+    model = set_fused_blocks(prepare_for_speed(create_model(name, **(overrides or {})).to(dev).eval(), memory_format),
+                             not plain_blocks)
     if torch_dtype != torch.float32:
         model = model.to(torch_dtype)
     x = to_memory_format((torch.rand(batch, 3, resolution, resolution, device=dev) * 2 - 1).to(torch_dtype),
@@ -148,7 +151,8 @@ def profile_model(
 
 
 def render_markdown(rows: list[dict[str, Any]], reference: str | None = None) -> str:
-    """The paper's Table-5 layout plus ratios against ``reference`` (default: flux-vae when present)."""
+    """The paper's Table-5 layout plus ratios against ``reference`` (default: flux-vae, else flux-vae-tiny, when
+    present)."""
     fmt = lambda v, spec: "–" if v is None else format(v, spec)
     r0 = rows[0]
     lines = [
@@ -165,7 +169,7 @@ def render_markdown(rows: list[dict[str, Any]], reference: str | None = None) ->
                      f"{fmt(r['ms_per_image'], '.2f')} | {fmt(r['images_per_s'], '.2f')} | {fmt(rate, '.1f')} | "
                      f"{fmt(r['peak_mem_mib'], '.0f')} |")
     names = [r["model"] for r in rows]
-    reference = reference or ("flux-vae" if "flux-vae" in names else None)
+    reference = reference or next((n for n in ("flux-vae", "flux-vae-tiny") if n in names), None)
     if reference in names and len(rows) > 1:
         refs = {r.get("variant", "eager"): r for r in rows if r["model"] == reference}
         lines += ["", f"Ratios against `{reference}` of the same variant (measured side by side in this run):", "",
@@ -231,12 +235,107 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-def profile(models: list[str], out_dir: str | Path, **kwargs: Any) -> list[dict[str, Any]]:
-    """Profile ``models`` side by side and write ``profile.json``, ``profile.md`` and ``profile.png``."""
+# -- quality next to cost ----------------------------------------------------------------------------
+def load_quality(path: str | Path) -> list[dict[str, Any]]:
+    """Measured quality of trained variants from a study's ``results.json`` (``make study-schedule`` writes one).
+
+    The file holds ``{"rows": {label: {"model": registry name, "model_overrides": {...}, "quality": {"psnr": dB,
+    "psnr_sd": dB or null, "ssim": ...}}}}``; returns ``[{"label", "model", "overrides", "psnr", "psnr_sd",
+    "ssim"}]`` in file order.
+    """
+    path = Path(path)
+    try:
+        rows = json.loads(path.read_text())["rows"]
+        entries = []
+        for label, row in rows.items():
+            q = row["quality"]
+            entries.append({"label": label, "model": row["model"], "overrides": dict(row.get("model_overrides") or {}),
+                            "psnr": float(q["psnr"]), "psnr_sd": q.get("psnr_sd"), "ssim": q.get("ssim")})
+    except FileNotFoundError:
+        raise FileNotFoundError(f"--quality {path}: no such file (make study-schedule writes "
+                                "docs/study_schedule/results.json)") from None
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as err:
+        raise ValueError(f"--quality {path}: expected a study results.json with rows of model, model_overrides and "
+                         f"quality.psnr ({type(err).__name__}: {err})") from None
+    if not entries:
+        raise ValueError(f"--quality {path}: no rows")
+    return entries
+
+
+def pareto_front(points: dict[str, tuple[float, float, float]]) -> list[str]:
+    """Labels of the points ``(params, macs, quality)`` that no other point matches or beats on all three
+    (fewer params, fewer MACs, higher quality) while strictly beating on one; in input order."""
+    def dominates(a: tuple[float, float, float], b: tuple[float, float, float]) -> bool:
+        return (a[0] <= b[0] and a[1] <= b[1] and a[2] >= b[2]) and (a[0] < b[0] or a[1] < b[1] or a[2] > b[2])
+
+    return [k for k, p in points.items() if not any(dominates(q, p) for j, q in points.items() if j != k)]
+
+
+def render_quality(rows: list[dict[str, Any]]) -> str:
+    """Quality next to weights, arithmetic and time, with the Pareto set on (params, MACs, PSNR)."""
+    eager = [r for r in rows if r.get("variant", "eager") == "eager" and r.get("psnr") is not None]
+    front = set(pareto_front({r["model"]: (r["params"], r["gmacs"], r["psnr"]) for r in eager}))
+    fmt = lambda v, spec: "–" if v is None else format(v, spec)
+    lines = ["## Quality next to cost", "",
+             "PSNR / SSIM as measured by the study that wrote the `--quality` file (trained weights); params, MACs and "
+             "time measured here. Pareto: no other row has ≤ params, ≤ MACs and ≥ PSNR with one strictly better.", "",
+             "| variant | params | GMACs | ms / image | PSNR (sd) | SSIM | Pareto |",
+             "|---|---:|---:|---:|---:|---:|---|"]
+    for r in eager:
+        sd = "" if r.get("psnr_sd") is None else f" ({r['psnr_sd']:.2f})"
+        lines.append(f"| {r['model']} | {r['params']:,} | {r['gmacs']:.2f} | {fmt(r['ms_per_image'], '.1f')} | "
+                     f"{r['psnr']:.2f}{sd} | {fmt(r.get('ssim'), '.4f')} | {'yes' if r['model'] in front else ''} |")
+    lines += ["", "![quality vs cost](quality.png)", ""]
+    return "\n".join(lines)
+
+
+def plot_quality(rows: list[dict[str, Any]], path: Path) -> None:
+    """PSNR against MACs, parameters and (when timed) ms per image; Pareto rows circled."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    eager = [r for r in rows if r.get("variant", "eager") == "eager" and r.get("psnr") is not None]
+    front = set(pareto_front({r["model"]: (r["params"], r["gmacs"], r["psnr"]) for r in eager}))
+    axes_of = [("GMACs / image", lambda r: r["gmacs"]), ("parameters (M)", lambda r: r["params"] / 1e6)]
+    if all(r["ms_per_image"] is not None for r in eager):
+        axes_of.append(("ms / image", lambda r: r["ms_per_image"]))
+    fig, axes = plt.subplots(1, len(axes_of), figsize=(5.2 * len(axes_of), 4.2), squeeze=False)
+    for ax, (xlabel, x) in zip(axes[0], axes_of, strict=True):
+        _labelled_scatter(ax, [(r["model"], x(r), r["psnr"]) for r in eager])
+        for r in eager:
+            if r["model"] in front:
+                ax.scatter(x(r), r["psnr"], s=150, facecolors="none", edgecolors="k", zorder=4)
+        ax.set(xlabel=xlabel, ylabel="PSNR (dB)")
+        ax.margins(0.2)
+        ax.grid(alpha=0.3)
+    fig.suptitle("quality vs cost (circled: Pareto set on params × MACs × PSNR)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def profile(models: list[str], out_dir: str | Path, quality: str | Path | None = None, **kwargs: Any
+            ) -> list[dict[str, Any]]:
+    """Profile ``models`` side by side and write ``profile.json``, ``profile.md`` and ``profile.png``.
+
+    With ``quality`` (a study's ``results.json``, see :func:`load_quality`), its variants are profiled after
+    ``models``, each with its PSNR/SSIM, and ``profile.md`` / ``quality.png`` put quality next to the cost.
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rows = [row for name in models for row in profile_model(name, **kwargs)]
+    measured = load_quality(quality) if quality is not None else []
+    for entry in measured:
+        for row in profile_model(entry["model"], overrides=entry["overrides"], label=entry["label"], **kwargs):
+            row.update(psnr=entry["psnr"], psnr_sd=entry["psnr_sd"], ssim=entry["ssim"])
+            rows.append(row)
     (out / "profile.json").write_text(json.dumps(rows, indent=2))
-    (out / "profile.md").write_text(render_markdown(rows))
+    text = render_markdown(rows)
+    if measured:
+        text += "\n" + render_quality(rows)
+        plot_quality(rows, out / "quality.png")
+    (out / "profile.md").write_text(text)
     plot(rows, out / "profile.png")
     return rows

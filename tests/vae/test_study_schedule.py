@@ -1,0 +1,165 @@
+"""The schedule study: arms that the trainer accepts, verdicts and dominance computed from the numbers,
+per-image intervention summaries, ``loopvae profile --quality`` and (slow) the whole driver at a tiny budget."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import loopvae
+from loopvae.cli import main as loopvae_main
+from loopvae.profile import load_quality, pareto_front
+from loopvae.train_config import load_train_config
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+sys.path.insert(0, str(BENCH))
+from study_schedule import REFERENCE, schedule_arms  # noqa: E402
+from study_schedule_report import compare, dominance, intervention_summary, pareto_set, reading  # noqa: E402
+
+N = 6  # images of the fake evaluations
+
+
+def test_every_arm_is_a_valid_training_config_with_its_schedule() -> None:
+    arms = schedule_arms()
+    names = [a.name for a in arms]
+    assert {"paper", "dec-1-2-1", "dec-1-2-2", "dec-4-2-1", "dec-2-2-2", REFERENCE} <= set(names)
+    for arm in arms:
+        for seed in arm.seeds:
+            cfg = load_train_config("release-tiny", arm.overrides(seed, 1500))
+            assert cfg.max_steps == 1500 and cfg.seed == seed and cfg.model == arm.model_name()
+            model = loopvae.create_model(cfg.model, **cfg.model_overrides)
+            if arm.is_loopvae:
+                assert list(model.config.decoder_passes) == list(arm.decoder_passes)
+                assert list(model.config.encoder_passes) == list(arm.encoder_passes)
+                assert model.config.shortcuts is True
+    # the arms the dominance question rests on carry >= 2 seeds
+    assert all(len(a.seeds) >= 2 for a in arms if a.name in ("paper", "dec-1-2-1", "dec-1-2-2", REFERENCE))
+
+
+def _quality(seed_offsets: dict[int, float], base: float = 25.0) -> dict:
+    seeds = {}
+    for seed, off in seed_offsets.items():
+        per = [base + off + 0.1 * i for i in range(N)]
+        seeds[seed] = {"psnr": sum(per) / N, "ssim": 0.8 + off / 100, "keys": [f"k{i}" for i in range(N)],
+                       "per_image_psnr": per, "per_image_ssim": [0.8 + off / 100] * N}
+    vals = [s["psnr"] for s in seeds.values()]
+    return {"seeds": seeds, "psnr": sum(vals) / len(vals), "psnr_sd": None, "ssim": 0.8}
+
+
+def _rows(arm_offsets: dict[str, tuple[dict[int, float], int, float]]) -> dict:
+    ref_q = _quality({0: 0.0, 1: 0.05, 2: -0.05})
+    rows = {REFERENCE: {"params": 1_000_000, "gmacs": 5.0, "cpu_ms": {"median": 100.0}, "quality": ref_q,
+                        "vs_reference": None, "encoder_passes": None, "decoder_passes": None}}
+    for name, (offsets, params, gmacs) in arm_offsets.items():
+        q = _quality(offsets)
+        rows[name] = {"params": params, "gmacs": gmacs, "cpu_ms": {"median": 200.0}, "quality": q,
+                      "vs_reference": compare(q, ref_q), "encoder_passes": (1, 2, 4), "decoder_passes": (1, 2, 4)}
+    return rows
+
+
+def test_dominance_needs_all_three_criteria_and_a_seed_paired_win() -> None:
+    rows = _rows({
+        "paper": ({0: 1.0, 1: 1.1, 2: 0.9}, 340_000, 7.0),        # better, but more MACs
+        "dec-1-2-1": ({0: 0.8, 1: 0.9, 2: 0.85}, 330_000, 4.9),   # better, cheaper, lighter: dominates
+        "dec-1-2-2": ({0: 0.8, 1: 0.9}, 340_000, 4.9),            # better, cheaper, but 0.34x the weights
+        "dec-2-2-2": ({0: 2.0}, 330_000, 4.0),                    # one seed: no interval, cannot be credited
+        "dec-4-2-1": ({0: 0.5, 1: -0.5, 2: 0.1}, 330_000, 4.0),   # seeds disagree: inconclusive
+    })
+    dom = dominance(rows, REFERENCE)
+    assert dom["dec-1-2-1"]["dominates"]
+    assert not dom["paper"]["dominates"] and not dom["paper"]["macs_ok"] and dom["paper"]["psnr_ok"]
+    assert not dom["dec-1-2-2"]["dominates"] and dom["dec-1-2-2"]["dominates_but_weights"]
+    assert dom["dec-2-2-2"]["psnr_by_seed"] == "inconclusive" and not dom["dec-2-2-2"]["dominates"]
+    assert dom["dec-4-2-1"]["psnr_by_seed"] == "inconclusive"
+    text = "\n".join(reading({"rows": {**rows, "paper": {**rows["paper"]}}, "reference": REFERENCE,
+                              "dominance": dom, "pareto": pareto_set(rows)}))
+    assert "Dominance reached" in text and "dec-1-2-1" in text.split("\n")[0]
+
+    dom["dec-1-2-1"].update(dominates=False, weights_ok=False)  # the same numbers without the weight cap met
+    text = "\n".join(reading({"rows": rows, "reference": REFERENCE, "dominance": dom, "pareto": []}))
+    assert "No arm dominates" in text and "misses by the weight cap alone" in text
+
+
+def test_pareto_front_keeps_only_non_dominated_points() -> None:
+    points = {"a": (1.0, 5.0, 30.0), "b": (1.0, 6.0, 29.0), "c": (3.0, 4.0, 29.5), "d": (1.0, 5.0, 30.0)}
+    assert pareto_front(points) == ["a", "c", "d"]  # b is beaten by a on every axis; a and d tie: both stay
+
+
+def _stage(branch: str, scale: str, prefix: list[list[float]], bypass: list[list[float]]) -> dict:
+    mean = lambda v: sum(v) / len(v)
+    return {"branch": branch, "scale": scale, "passes": len(prefix),
+            "prefix": [{"passes": k + 1, "psnr": mean(v), "raw_psnr": mean(v) - 1, "out_of_range": 0.5,
+                        "per_image": {"psnr": v}} for k, v in enumerate(prefix)],
+            "bypass": [{"pass": t, "psnr": mean(v), "per_image": {"psnr": v}} for t, v in enumerate(bypass)]}
+
+
+def test_intervention_summary_counts_images_not_means() -> None:
+    base = [30.0, 30.0, 30.0]
+    result = {"baseline": {"psnr": 30.0, "per_image": {"psnr": base}}, "stages": [
+        _stage("encoder", "4x", [[29, 29, 29], base], [[28, 28, 28], [29, 29, 31]]),
+        # image 2 does not rise at pass 3 -> 2 of 3 images rise at every pass
+        _stage("decoder", "2x", [[20, 20, 20], [25, 25, 26], [28, 28, 25], base], [[29, 29, 29]] * 4),
+    ]}
+    s = intervention_summary(result)
+    assert s["images_rising_at_every_fine_pass"] == 2
+    assert s["images_hurt_by_every_bypass"] == 2  # image 2 gains from the encoder 4x pass-2 bypass
+    assert s["worst_bypass"] == {"stage": "encoder 4x", "pass": 1, "psnr_loss": 2.0}
+    assert s["last_pass_is_worst"] is False and s["fine_prefix_psnr"][0] == 20.0
+
+
+def test_profile_puts_measured_quality_next_to_cost(tmp_path: Path) -> None:
+    results = {"rows": {
+        "paper": {"model": "loopvae-cnn-tiny", "model_overrides": {"shortcuts": True, "decoder_passes": [1, 2, 4]},
+                  "quality": {"psnr": 27.0, "psnr_sd": 0.1, "ssim": 0.8}},
+        "dec-1-2-1": {"model": "loopvae-cnn-tiny", "model_overrides": {"shortcuts": True, "decoder_passes": [1, 2, 1]},
+                      "quality": {"psnr": 26.5, "psnr_sd": 0.1, "ssim": 0.79}},
+        "dec-worse": {"model": "loopvae-cnn-tiny", "model_overrides": {"shortcuts": True, "decoder_passes": [1, 2, 2]},
+                      "quality": {"psnr": 26.0, "psnr_sd": None, "ssim": 0.7}},
+        REFERENCE: {"model": REFERENCE, "model_overrides": {}, "quality": {"psnr": 26.8, "psnr_sd": 0.2, "ssim": 0.75}},
+    }}
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(results))
+    assert loopvae_main(["profile", "--quality", str(path), "--macs-only", "--resolution", "64",
+                         "--out", str(tmp_path / "p")]) == 0
+    rows = {r["model"]: r for r in json.loads((tmp_path / "p" / "profile.json").read_text())}
+    assert rows["dec-1-2-1"]["gmacs"] < rows["dec-worse"]["gmacs"] < rows["paper"]["gmacs"]
+    assert rows["dec-1-2-1"]["overrides"]["decoder_passes"] == [1, 2, 1] and rows["paper"]["psnr"] == 27.0
+    md = (tmp_path / "p" / "profile.md").read_text()
+    quality = md.split("## Quality next to cost")[1]
+    pareto = {line.split("|")[1].strip() for line in quality.splitlines() if line.rstrip().endswith("| yes |")}
+    # dec-worse has more MACs and less PSNR than dec-1-2-1 with the same weights: off the front
+    assert pareto == {"paper", "dec-1-2-1", REFERENCE}
+    assert (tmp_path / "p" / "quality.png").is_file()
+
+
+def test_profile_quality_file_errors_name_the_file(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(FileNotFoundError, match="make study-schedule"):
+        load_quality(tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"rows": {"x": {"model": "loopvae-cnn-tiny"}}}))
+    with pytest.raises(ValueError, match=str(bad)):
+        load_quality(bad)
+    assert loopvae_main(["profile", "--out", str(tmp_path / "p")]) == 2
+    assert "--models" in capsys.readouterr().err
+    assert loopvae_main(["profile", "--quality", str(bad), "--out", str(tmp_path / "p")]) == 2
+    assert str(bad) in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_study_driver_end_to_end_at_a_tiny_budget(tmp_path: Path) -> None:
+    """Every arm's job (train, evaluate, intervene), then the report, at 2 steps and 2 images per set (~10 min)."""
+    from loopdata import find_shared_data
+
+    if find_shared_data() is None:
+        pytest.skip("the schedule study needs ../shared/data (the ImageNet sample)")
+    out = tmp_path / "docs" / "study_schedule.md"
+    subprocess.run([sys.executable, str(BENCH / "study_schedule.py"), "--runs", str(tmp_path / "runs"),
+                    "--data-dir", str(tmp_path / "data"), "--steps", "2", "--eval-limit", "2", "--only", "dec-1-2-1",
+                    "--out", str(out)], check=True)
+    text = out.read_text()
+    assert "dec-1-2-1" in text and "Pareto set" in text and "decoder_passes" in text
+    result = json.loads((out.with_suffix("") / "results.json").read_text())
+    assert set(result["rows"]) == {"paper", "dec-1-2-1", REFERENCE}
+    assert (out.with_suffix("") / "frontier.png").is_file() and (out.with_suffix("") / "anytime.png").is_file()
