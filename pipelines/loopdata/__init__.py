@@ -6,6 +6,8 @@ Public API:
 * :func:`expand_urls`, :func:`shard_counts` - shard listing and ``_info.json`` sample counts;
 * :func:`write_shards`, :func:`check_shards` - shard tooling behind ``loopdata write`` / ``loopdata check``;
 * :func:`decode_image` - defensive bytes -> RGB uint8 tensor decoding;
+* :class:`LatentDataset`, :func:`make_latent_loader`, :func:`denormalize` - normalised latents from the shards
+  ``loopvae encode`` writes (the latent-diffusion hand-off; :mod:`loopdata.latents`);
 * :func:`find_shared_data`, :func:`bundled_kodak_urls` - where the data lives.
 """
 
@@ -16,6 +18,7 @@ from .decode import DecodeError, decode_image
 from .distributed import RankShare, eval_plan, train_steps_per_epoch
 from .errors import CorruptSampleError, NoUsableSamplesError, ShardCountError, one_line
 from .keys import UnsafeKeyError
+from .latents import LatentDataset, LatentNormalization, denormalize, make_latent_loader
 from .loader import ShardLoader, make_loader
 from .shards import ShardReadError, expand_urls, shard_counts
 from .transforms import ClassificationOptions, ReconstructionOptions, make_options
@@ -25,6 +28,8 @@ __all__ = [
     "CheckReport",
     "ClassificationOptions",
     "CorruptSampleError",
+    "LatentDataset",
+    "LatentNormalization",
     "NoUsableSamplesError",
     "UnsafeKeyError",
     "one_line",
@@ -39,9 +44,11 @@ __all__ = [
     "bundled_kodak_urls",
     "check_shards",
     "decode_image",
+    "denormalize",
     "eval_plan",
     "expand_urls",
     "find_shared_data",
+    "make_latent_loader",
     "make_loader",
     "make_options",
     "shard_counts",

@@ -7,11 +7,13 @@ FLUX layout at CPU size, the matched reference of the LoopVAE study).
 """
 
 from .branches import DecoderPasses, LoopDecoder, LoopEncoder
+from .encode_latents import EncodeOptions, encode_dataset
+from .intervene import run_interventions
 from .model import LoopVAE
 from .registry import create_model, list_models, register_model
 from .tiling import tile_starts, tiled_apply
 
 __all__ = [
-    "DecoderPasses", "LoopDecoder", "LoopEncoder", "LoopVAE", "create_model", "list_models", "register_model",
-    "tile_starts", "tiled_apply",
+    "DecoderPasses", "EncodeOptions", "LoopDecoder", "LoopEncoder", "LoopVAE", "create_model", "encode_dataset",
+    "list_models", "register_model", "run_interventions", "tile_starts", "tiled_apply",
 ]

@@ -227,17 +227,49 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_encode(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("encode", help="latents of every image as WebDataset shards (for latent-diffusion training)")
+    p.add_argument("--checkpoint", required=True,
+                   help="release artifact, diffusers folder or training run directory of a tokenizer")
+    p.add_argument("--data", required=True, help=DATA_HELP)
+    p.add_argument("--out", required=True,
+                   help="output directory: latents-NNNNNN.tar (one per input shard) + latents.json; a rerun resumes")
+    p.add_argument("--resolution", type=positive_int, default=256, help="shorter-side resize + centre crop")
+    p.add_argument("--batch-size", type=positive_int, default=16)
+    p.add_argument("--sample", action="store_true",
+                   help="store one posterior sample per image (seeded by its key) instead of the posterior mean")
+    p.add_argument("--flip", action="store_true", help="also store the horizontally flipped image's latent")
+    p.add_argument("--latent-dtype", choices=("float32", "float16"), default="float32",
+                   help="dtype of the stored latents")
+    p.add_argument("--skip-corrupt", action="store_true",
+                   help="skip undecodable images (listed in latents.json) instead of failing")
+    p.add_argument("--weights", choices=("ema", "model"), default="ema",
+                   help="for a training run directory: EMA (default) or raw weights")
+    p.add_argument("--device", default="auto")
+
+
+def _encode(args: argparse.Namespace) -> int:
+    from .encode_latents import EncodeOptions, encode_dataset
+
+    meta = encode_dataset(args.checkpoint, args.data, args.out, EncodeOptions(
+        resolution=args.resolution, batch_size=args.batch_size, sample=args.sample, flip=args.flip,
+        dtype=args.latent_dtype, weights=args.weights, device=args.device, skip_corrupt=args.skip_corrupt))
+    print(f"{meta['num_samples']} latents {meta['latent_shape']} in {len(meta['shards'])} shard(s) -> {args.out} "
+          f"(skipped {len(meta['skipped'])})")
+    return 0
+
+
 COMMANDS = {"train": _train, "eval": _eval, "intervene": _intervene, "latent-stats": _latent_stats,
-            "profile": _profile, "demo": _demo}
+            "profile": _profile, "demo": _demo, "encode": _encode}
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``loopvae`` argument parser (all sub-commands)."""
     parser = argparse.ArgumentParser(
-        prog="loopvae", description="LoopVAE tokenizers: train, evaluate, intervene, profile."
+        prog="loopvae", description="LoopVAE tokenizers: train, evaluate, intervene, encode latents, profile."
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_train, _add_eval, _add_intervene, _add_latent_stats, _add_profile, _add_demo):
+    for add in (_add_train, _add_eval, _add_intervene, _add_latent_stats, _add_encode, _add_profile, _add_demo):
         add(sub)
     return parser
 

@@ -1,0 +1,223 @@
+"""``loopvae encode``: a data set's latents as WebDataset shards, the hand-off to latent-diffusion training.
+
+What DiT's / LightningDiT's ``extract_features`` step does, for any loopvae tokenizer: every image is
+resized (shorter side) and centre-cropped to ``resolution`` as ``loopvae eval`` does, encoded, and its
+posterior mean (or, with ``sample``, one posterior sample seeded by the image key) written as
+``<key>.latent.npy``; with ``flip`` the horizontally flipped image's latent too (``.latent_flip.npy``).
+The source sample's other members (``.cls``, ``.json``, ...) are copied unchanged. Format and reader:
+:mod:`loopdata.latents`.
+
+Input shard ``i`` (in the order ``--data`` expands to) becomes ``latents-<i>.tar``; under torchrun rank
+``r`` of ``W`` encodes the shards with ``i % W == r``, so every image is encoded exactly once. A shard
+is written to a temporary name and renamed when complete, so a rerun skips finished shards and redoes
+interrupted ones (resumable). ``latents.json`` (written last, by rank 0) records the tokenizer, the
+preprocessing, the latent normalisation and each output shard's sample count; it is checked against the
+input counts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from loopdata.decode import DecodeError, decode_image
+from loopdata.latents import FLIP_EXT, LATENT_EXT, METADATA_NAME, npy_bytes
+from loopdata.shards import expand_urls, image_member, iter_samples, shard_counts
+from loopdata.transforms import build_transforms, make_options
+from loopdata.writer import TarShardWriter
+from looprun.checkpoint import write_atomic
+from looprun.distributed import barrier, gather_objects, init_distributed
+
+from .loading import load_tokenizer
+
+log = logging.getLogger("loopvae")
+
+
+@dataclass
+class EncodeOptions:
+    """Options of :func:`encode_dataset` (the ``loopvae encode`` flags)."""
+
+    resolution: int = 256
+    batch_size: int = 16
+    sample: bool = False  # a posterior sample (seeded by the image key) instead of the mean
+    flip: bool = False  # also the horizontally flipped image's latent
+    dtype: str = "float32"  # of the stored latents: float32 | float16
+    weights: str = "ema"
+    device: str = "auto"
+    skip_corrupt: bool = False  # skip (and list) undecodable images instead of failing
+
+
+def output_name(index: int) -> str:
+    return f"latents-{index:06d}.tar"
+
+
+def _key_generator(key: str, device: torch.device) -> torch.Generator:
+    seed = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little")
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def _latents(model: torch.nn.Module, images: torch.Tensor, keys: list[str], sample: bool) -> torch.Tensor:
+    dist = model.encode(images).latent_dist
+    if not sample:
+        return dist.mean
+    # one generator per image: the same key gets the same sample whatever the batch or rank
+    noise = torch.stack([torch.randn(dist.mean.shape[1:], generator=_key_generator(k, images.device),
+                                     device=images.device) for k in keys])
+    return dist.mean + dist.std * noise
+
+
+@torch.no_grad()
+def encode_shard(url: str, target: Path, model: torch.nn.Module, options: EncodeOptions,
+                 device: torch.device) -> dict[str, Any]:
+    """Encode one input shard into ``target`` (written under a temporary name, then renamed)."""
+    transforms = build_transforms("reconstruction", False, options.resolution, make_options("reconstruction"))
+    dtype = {"float32": np.float32, "float16": np.float16}[options.dtype]
+    tmp = target.parent / f".tmp-{target.stem}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    skipped: list[str] = []
+    count = 0
+    shape = None
+    pending: list[tuple[str, torch.Tensor, dict[str, bytes]]] = []
+
+    def flush(writer: TarShardWriter) -> None:
+        nonlocal count, shape
+        keys = [k for k, _, _ in pending]
+        images = transforms.normalize(torch.stack([img for _, img, _ in pending])).to(device)
+        z = _latents(model, images, keys, options.sample).float().cpu().numpy().astype(dtype)
+        zf = (_latents(model, torch.flip(images, dims=[-1]), [f"{k}/flip" for k in keys], options.sample)
+              .float().cpu().numpy().astype(dtype) if options.flip else None)
+        shape = list(z.shape[1:])
+        for i, (key, _, rest) in enumerate(pending):
+            members = dict(rest)
+            members[LATENT_EXT] = npy_bytes(z[i])
+            if zf is not None:
+                members[FLIP_EXT] = npy_bytes(zf[i])
+            writer.add(key, members)
+        count += len(pending)
+        pending.clear()
+
+    with TarShardWriter(tmp, "part", max_count=10**9, max_size=2**62) as writer:
+        for sample in iter_samples(url):
+            key = sample["__key__"]
+            ext = image_member(sample)
+            try:
+                if ext is None:
+                    raise DecodeError(f"no image member (members: {sorted(k for k in sample if k[0] != '_')})")
+                image = transforms.sample(decode_image(sample[ext], transforms.draft_size))
+            except DecodeError as err:
+                if not options.skip_corrupt:
+                    raise DecodeError(f"{url}: sample {key!r}: {err} (pass --skip-corrupt to skip and list it)") \
+                        from None
+                log.warning("%s: skipping %r: %s", url, key, err)
+                skipped.append(f"{url}#{key}")
+                continue
+            rest = {k: v for k, v in sample.items() if not k.startswith("__") and k != ext}
+            pending.append((key, image, rest))
+            if len(pending) == options.batch_size:
+                flush(writer)
+        if pending:
+            flush(writer)
+    if count == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ValueError(f"{url}: no image could be encoded; nothing to write")
+    (part,) = tmp.glob("part-*.tar")
+    record = {"input": url, "output": target.name, "count": count, "skipped": skipped, "latent_shape": shape}
+    # The record goes down before the shard's rename: a shard that exists always has its record.
+    write_atomic(_record_path(target), json.dumps(record))
+    os.replace(part, target)
+    shutil.rmtree(tmp, ignore_errors=True)
+    return record
+
+
+def _record_path(target: Path) -> Path:
+    return target.with_name(target.name + ".json")
+
+
+def _finished_shard(target: Path, url: str) -> dict[str, Any] | None:
+    """The record of a complete output of an earlier run for the same input, or ``None`` (to be (re)done)."""
+    if not (target.is_file() and _record_path(target).is_file()):
+        return None
+    record = json.loads(_record_path(target).read_text())
+    if record.get("input") != url:
+        raise ValueError(f"{target} was encoded from {record.get('input')}, not {url}: --data changed since the "
+                         "earlier run; use a new --out")
+    return {**record, "resumed": True}
+
+
+def encode_dataset(checkpoint: str | Path, data: str, out_dir: str | Path, options: EncodeOptions
+                   ) -> dict[str, Any]:
+    """Encode every image of ``data`` into latent shards in ``out_dir`` and write ``latents.json``.
+
+    Returns the metadata. Under torchrun every rank encodes its own input shards (``i % world_size ==
+    rank``); rank 0 writes the metadata after all ranks finished and checks the sample counts.
+    """
+    ctx = init_distributed(options.device)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    loaded = load_tokenizer(checkpoint, options.weights)
+    model = loaded.model.to(ctx.device).eval()
+    urls = expand_urls(data)
+    if not urls:
+        raise ValueError(f"--data {data!r} names no shards or images")
+    started = time.perf_counter()
+    records = []
+    for index, url in enumerate(urls):
+        if index % ctx.world_size != ctx.rank:
+            continue
+        target = out / output_name(index)
+        done = _finished_shard(target, url)
+        if done is not None:
+            log.info("%s: already encoded (%d samples), skipped", target.name, done["count"])
+            records.append(done)
+            continue
+        record = encode_shard(url, target, model, options, ctx.device)
+        log.info("%s -> %s: %d latents", url, target.name, record["count"])
+        records.append(record)
+    all_records = sorted((r for part in gather_objects(records, ctx) for r in part), key=lambda r: r["output"])
+    meta: dict[str, Any] = {}
+    if ctx.is_main:
+        meta = _metadata(loaded, model, data, urls, all_records, options, time.perf_counter() - started)
+        write_atomic(out / METADATA_NAME, json.dumps(meta, indent=2))
+    barrier(ctx)
+    return meta if ctx.is_main else json.loads((out / METADATA_NAME).read_text())
+
+
+def _metadata(loaded, model, data: str, urls: list[str], records: list[dict[str, Any]], options: EncodeOptions,
+              seconds: float) -> dict[str, Any]:
+    expected = dict(zip(urls, shard_counts(urls), strict=True))
+    skipped = [s for r in records for s in r.get("skipped", [])]
+    written = sum(r["count"] for r in records)
+    if written + len(skipped) != sum(expected.values()):
+        raise RuntimeError(f"encoded {written} + skipped {len(skipped)} samples, but the input holds "
+                           f"{sum(expected.values())}: the split over ranks is broken")
+    for r in records:
+        if r["count"] > expected[r["input"]]:
+            raise RuntimeError(f"{r['output']} holds {r['count']} latents, more than the {expected[r['input']]} "
+                               f"images of {r['input']}")
+    config = getattr(model, "config", {})
+    shape = records[0]["latent_shape"]
+    return {
+        "format": "loopvision latent shards v1", "tokenizer": loaded.source, "tokenizer_kind": loaded.kind,
+        "tokenizer_class": type(model).__name__, "weights_sha256": loaded.weights_sha256,
+        "data": data, "num_samples": written, "skipped": skipped, "latent_shape": shape,
+        "posterior": "sample" if options.sample else "mean", "flip": options.flip,
+        "scaling_factor": float(config.get("scaling_factor", 1.0) or 1.0),
+        "shift_factor": float(config.get("shift_factor", 0.0) or 0.0),
+        "latents_mean": config.get("latents_mean"), "latents_std": config.get("latents_std"),
+        "shards": [r["output"] for r in records], "shard_counts": [r["count"] for r in records],
+        "resumed_shards": [r["output"] for r in records if r.get("resumed")],
+        "inputs": {r["output"]: r["input"] for r in records},
+        "options": asdict(options), "seconds": round(seconds, 2), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "preprocessing": f"shorter side resized to {options.resolution} (bicubic, antialiased), centre crop "
+                         f"{options.resolution}², [-1, 1] (as loopvae eval)",
+    }

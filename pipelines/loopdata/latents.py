@@ -1,0 +1,190 @@
+"""Latent shards: what ``loopvae encode`` writes and a latent-diffusion trainer reads.
+
+A latent shard set is a directory of WebDataset shards plus ``latents.json``. Each sample holds
+``<key>.latent.npy`` (the tokenizer's posterior mean, or one posterior sample, ``(C, h, w)`` float32 or
+float16), optionally ``<key>.latent_flip.npy`` (the same for the horizontally flipped image), and the
+source sample's other non-image members unchanged (``.cls``, ``.json``, ...). ``latents.json`` records
+the tokenizer, the preprocessing and the normalisation a diffusion model trains with:
+
+* per-channel ``latents_mean`` / ``latents_std`` when the tokenizer has them:
+  ``z_model = (z - mean_c) * scaling_factor / std_c`` (diffusers' convention);
+* otherwise ``shift_factor`` / ``scaling_factor``: ``z_model = (z - shift) * scale`` (SD3 / FLUX).
+
+:class:`LatentDataset` yields normalised latents for training (shards split across ranks and
+workers, shuffled per epoch, a random choice between the latent and its flip) or every sample exactly
+once, in order, for evaluation; :func:`denormalize` undoes the normalisation before ``vae.decode``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from .distributed import slot_range
+from .shards import expand_urls, iter_samples, shard_counts
+
+LATENT_EXT = "latent.npy"
+FLIP_EXT = "latent_flip.npy"
+METADATA_NAME = "latents.json"
+
+
+def npy_bytes(array: np.ndarray) -> bytes:
+    """``np.save`` of ``array`` into bytes (what a ``.npy`` tar member holds)."""
+    buf = io.BytesIO()
+    np.save(buf, np.ascontiguousarray(array), allow_pickle=False)
+    return buf.getvalue()
+
+
+def load_npy(data: bytes, where: str) -> np.ndarray:
+    """The array of a ``.npy`` member; a clear error naming ``where`` for anything else."""
+    try:
+        return np.load(io.BytesIO(data), allow_pickle=False)
+    except (ValueError, OSError, EOFError) as err:
+        raise ValueError(f"{where}: not a readable .npy latent ({err})") from None
+
+
+@dataclass(frozen=True)
+class LatentNormalization:
+    """``z_model = (z - shift) * scale`` per channel (``shift``/``scale`` broadcast over ``(C, h, w)``)."""
+
+    shift: torch.Tensor  # (C, 1, 1)
+    scale: torch.Tensor  # (C, 1, 1)
+
+    @classmethod
+    def from_metadata(cls, meta: dict[str, Any]) -> LatentNormalization:
+        channels = int(meta["latent_shape"][0])
+        scaling = float(meta.get("scaling_factor", 1.0))
+        mean, std = meta.get("latents_mean"), meta.get("latents_std")
+        if mean is not None and std is not None:
+            if len(mean) != channels or len(std) != channels:
+                raise ValueError(f"{METADATA_NAME}: latents_mean/latents_std need {channels} entries each")
+            shift = torch.tensor(mean, dtype=torch.float32)
+            scale = scaling / torch.tensor(std, dtype=torch.float32)
+        else:
+            shift = torch.full((channels,), float(meta.get("shift_factor", 0.0)))
+            scale = torch.full((channels,), scaling)
+        return cls(shift.view(-1, 1, 1), scale.view(-1, 1, 1))
+
+    def normalize(self, z: torch.Tensor) -> torch.Tensor:
+        """``(..., C, h, w)`` tokenizer latents -> what the diffusion model sees."""
+        return (z - self.shift) * self.scale
+
+    def denormalize(self, z: torch.Tensor) -> torch.Tensor:
+        """The inverse of :meth:`normalize`: diffusion-model latents -> ``vae.decode`` input."""
+        return z / self.scale.to(z) + self.shift.to(z)
+
+
+def read_metadata(source: str | Path) -> dict[str, Any]:
+    """``latents.json`` of a latent shard directory (``source`` is the directory or one of its shards)."""
+    path = Path(source)
+    folder = path if path.is_dir() else path.parent
+    meta_path = folder / METADATA_NAME
+    if not meta_path.is_file():
+        raise FileNotFoundError(f"{meta_path}: no latent metadata; latent shards are written by `loopvae encode`")
+    return json.loads(meta_path.read_text())
+
+
+def denormalize(z: torch.Tensor, meta: dict[str, Any]) -> torch.Tensor:
+    """Diffusion-model latents ``(B, C, h, w)`` -> the tokenizer's latent space (``vae.decode`` input)."""
+    return LatentNormalization.from_metadata(meta).denormalize(z)
+
+
+class LatentDataset(IterableDataset):
+    """Normalised latents from a ``loopvae encode`` shard directory.
+
+    Yields ``{"latent": (C, h, w) float32, "key": str, "label": int (when the samples have .cls),
+    "flipped": bool}``.
+
+    Args:
+        source: the shard directory (or a shard spec within it: glob, brace pattern, comma list).
+        train: shuffle shards per epoch (seeded), split them over ranks x workers (each a disjoint set),
+            shuffle samples in a ``shuffle_buffer`` and pick the flipped latent with probability
+            ``flip_prob`` (when the shards hold one). ``False``: every sample exactly once over ranks x
+            workers, in order, unflipped.
+        rank, world_size: this process's place (torchrun); a training set needs shards >= ranks x workers.
+        normalize: apply the recorded normalisation (``False``: raw tokenizer latents).
+    """
+
+    def __init__(self, source: str | Path, train: bool = True, rank: int = 0, world_size: int = 1,
+                 seed: int = 0, flip_prob: float = 0.5, shuffle_buffer: int = 1000, normalize: bool = True) -> None:
+        super().__init__()
+        src = Path(source)
+        folder = src if src.is_dir() else Path(expand_urls(str(source))[0]).parent
+        self.meta = read_metadata(folder)
+        self.urls = [str(folder / name) for name in self.meta["shards"]] if src.is_dir() else expand_urls(str(source))
+        if not self.urls:
+            raise ValueError(f"{source}: no latent shards")
+        self.counts = shard_counts(self.urls)
+        self.train, self.rank, self.world_size, self.seed = train, rank, world_size, seed
+        self.flip_prob = flip_prob if self.meta.get("flip") else 0.0
+        self.shuffle_buffer = shuffle_buffer
+        self.norm = LatentNormalization.from_metadata(self.meta) if normalize else None
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Training: the shard order and the shuffles of the next iteration depend on ``epoch``."""
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return sum(self.counts)
+
+    def _item(self, url: str, sample: dict[str, Any], flip: bool) -> dict[str, Any]:
+        where = f"{url}: sample {sample['__key__']!r}"
+        ext = FLIP_EXT if flip else LATENT_EXT
+        if ext not in sample:
+            raise ValueError(f"{where} has no .{ext} member (members: {sorted(k for k in sample if k[0] != '_')})")
+        z = torch.from_numpy(load_npy(sample[ext], where).astype(np.float32))
+        item: dict[str, Any] = {"latent": self.norm.normalize(z) if self.norm is not None else z,
+                                "key": sample["__key__"], "flipped": flip}
+        if "cls" in sample:
+            item["label"] = int(sample["cls"].decode().strip())
+        return item
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        slots, slot = self.world_size * workers, self.rank * workers + worker
+        if not self.train:
+            start, stop = slot_range(len(self), slots, slot)
+            offset = 0
+            for url, count in zip(self.urls, self.counts, strict=True):
+                if offset + count > start and offset < stop:
+                    for i, sample in enumerate(iter_samples(url)):
+                        if start <= offset + i < stop:
+                            yield self._item(url, sample, False)
+                offset += count
+            return
+        if len(self.urls) < slots:
+            raise ValueError(f"{len(self.urls)} latent shard(s) cannot feed {self.world_size} rank(s) x {workers} "
+                             "worker(s) disjoint shards; write more shards (loopvae encode --max-count) or use fewer "
+                             "workers")
+        rng = random.Random(f"{self.seed}-{self.epoch}-{slot}")
+        order = list(range(len(self.urls)))
+        random.Random(f"{self.seed}-{self.epoch}").shuffle(order)  # the same order on every rank and worker
+        buffer: list[dict[str, Any]] = []
+        for index in order[slot::slots]:
+            for sample in iter_samples(self.urls[index]):
+                buffer.append(self._item(self.urls[index], sample, rng.random() < self.flip_prob))
+                if len(buffer) >= self.shuffle_buffer:
+                    yield buffer.pop(rng.randrange(len(buffer)))
+        rng.shuffle(buffer)
+        yield from buffer
+
+
+def make_latent_loader(source: str | Path, batch_size: int, train: bool = True, num_workers: int = 0,
+                       rank: int = 0, world_size: int = 1, seed: int = 0, flip_prob: float = 0.5,
+                       normalize: bool = True) -> DataLoader:
+    """A ``DataLoader`` over :class:`LatentDataset` batches ``{"latent": (B, C, h, w), "key", "label", ...}``."""
+    dataset = LatentDataset(source, train=train, rank=rank, world_size=world_size, seed=seed, flip_prob=flip_prob,
+                            normalize=normalize)
+    return DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, drop_last=train,
+                      persistent_workers=False)

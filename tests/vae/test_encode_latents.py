@@ -1,0 +1,141 @@
+"""``loopvae encode`` and the latent reader: encode -> read -> decode reproduces ``vae.decode`` of the posterior
+mean; exactly once under torchrun x2; resumable; seeded samples; corrupt images named."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import loopdata
+from loopdata.latents import LatentDataset, denormalize, make_latent_loader, read_metadata
+from loopdata.shards import iter_samples
+from loopdata.writer import TarShardWriter
+from loopvae import LoopVAE
+from loopvae.cli import main as loopvae_main
+from loopvae.demo import bundled_model_dir
+from lv_testing import data_urls
+
+RES = 32
+
+
+@pytest.fixture(scope="module")
+def vae() -> LoopVAE:
+    return LoopVAE.from_pretrained(bundled_model_dir()).eval()
+
+
+def _encode(out: Path, data: str, *extra: str) -> dict:
+    assert loopvae_main(["encode", "--checkpoint", str(bundled_model_dir()), "--data", data, "--out", str(out),
+                         "--resolution", str(RES), "--batch-size", "3", "--device", "cpu", *extra]) == 0
+    return read_metadata(out)
+
+
+def _split_shards(folder: Path, per_shard: int) -> str:
+    """The 24 bundled Kodak images (train then val) re-sharded ``per_shard`` per shard."""
+    with TarShardWriter(folder, "kodak", max_count=per_shard) as writer:
+        for url in (data_urls("train"), data_urls("val")):
+            for sample in iter_samples(url):
+                writer.add(sample["__key__"], {k: v for k, v in sample.items() if not k.startswith("__")})
+    return ",".join(str(r.path) for r in writer.records)
+
+
+@torch.no_grad()
+def test_encode_read_decode_reproduces_decode_of_the_mean(vae: LoopVAE, tmp_path: Path) -> None:
+    meta = _encode(tmp_path / "lat", data_urls("val"), "--flip")
+    assert meta["num_samples"] == 4 and meta["flip"] and meta["posterior"] == "mean"
+    assert meta["scaling_factor"] == vae.config.scaling_factor and meta["shift_factor"] == vae.config.shift_factor
+    loader = loopdata.make_loader(data_urls("val"), task="reconstruction", train=False, batch_size=4, num_workers=0,
+                                  resolution=RES)
+    batch = next(iter(loader))
+    mean = vae.encode(batch["image"]).latent_dist.mode()
+    items = list(LatentDataset(tmp_path / "lat", train=False))
+    assert [i["key"] for i in items] == batch["key"]
+    z_model = torch.stack([i["latent"] for i in items])
+    # normalised as diffusion models train on it ...
+    assert torch.allclose(z_model, (mean - vae.config.shift_factor) * vae.config.scaling_factor, atol=1e-5)
+    # ... and back: the decode of the stored latent is the decode of the mean
+    assert torch.allclose(vae.decode(denormalize(z_model, meta)).sample, vae.decode(mean).sample, atol=1e-4)
+    flipped = vae.encode(torch.flip(batch["image"], dims=[-1])).latent_dist.mode()
+    raw = [s for s in iter_samples(str(tmp_path / "lat" / meta["shards"][0]))]
+    from loopdata.latents import load_npy
+
+    assert torch.allclose(torch.from_numpy(load_npy(raw[0]["latent_flip.npy"], "t")), flipped[0], atol=1e-5)
+    source = {s["__key__"]: s for s in iter_samples(data_urls("val"))}
+    for s in raw:  # the other members are carried over byte for byte; the image is not
+        assert s["json"] == source[s["__key__"]]["json"] and "png" not in s and "jpg" not in s
+
+
+def test_training_reader_splits_shards_over_ranks_and_flips(tmp_path: Path) -> None:
+    data = _split_shards(tmp_path / "src", per_shard=6)  # 4 shards
+    _encode(tmp_path / "lat", data, "--flip", "--latent-dtype", "float16")
+    keys = []
+    for rank in range(2):
+        ds = LatentDataset(tmp_path / "lat", train=True, rank=rank, world_size=2, seed=3, flip_prob=0.5,
+                           shuffle_buffer=4)
+        items = list(ds)
+        assert all(i["latent"].dtype == torch.float32 and i["latent"].shape == (16, RES // 8, RES // 8) for i in items)
+        keys.append({i["key"] for i in items})
+        flips = {i["flipped"] for i in items}
+    assert not keys[0] & keys[1] and len(keys[0] | keys[1]) == 24  # disjoint and complete
+    assert flips == {True, False}
+    batches = list(make_latent_loader(tmp_path / "lat", batch_size=5, train=True, num_workers=2))
+    assert sum(b["latent"].shape[0] for b in batches) <= 24 and batches[0]["latent"].shape == (5, 16, 4, 4)
+    with pytest.raises(ValueError, match="cannot feed"):
+        list(LatentDataset(tmp_path / "lat", train=True, world_size=8))
+
+
+def test_a_rerun_resumes_finished_shards_and_redoes_interrupted_ones(tmp_path: Path) -> None:
+    data = _split_shards(tmp_path / "src", per_shard=12)  # 2 shards
+    first = _encode(tmp_path / "lat", data)
+    done = tmp_path / "lat" / first["shards"][0]
+    before = done.read_bytes()
+    (tmp_path / "lat" / first["shards"][1]).unlink()  # as if killed before its rename
+    (tmp_path / "lat" / ".tmp-latents-000001").mkdir()
+    again = _encode(tmp_path / "lat", data)
+    assert again["resumed_shards"] == [first["shards"][0]] and again["num_samples"] == 24
+    assert done.read_bytes() == before and not (tmp_path / "lat" / ".tmp-latents-000001").exists()
+    with pytest.raises(ValueError, match="--data changed"):
+        from loopvae.encode_latents import EncodeOptions, encode_dataset
+
+        encode_dataset(bundled_model_dir(), data_urls("val"), tmp_path / "lat", EncodeOptions(resolution=RES,
+                                                                                              device="cpu"))
+
+
+def test_posterior_samples_are_seeded_by_the_image_key(tmp_path: Path) -> None:
+    a, b = _encode(tmp_path / "a", data_urls("val"), "--sample"), _encode(tmp_path / "b", data_urls("val"), "--sample")
+    assert a["posterior"] == b["posterior"] == "sample"
+    read = lambda d: torch.stack([i["latent"] for i in LatentDataset(d, train=False)])
+    assert torch.equal(read(tmp_path / "a"), read(tmp_path / "b"))
+    _encode(tmp_path / "m", data_urls("val"))
+    assert not torch.allclose(read(tmp_path / "a"), read(tmp_path / "m"))
+
+
+def test_a_corrupt_image_is_named_or_skipped_and_listed(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    with TarShardWriter(tmp_path / "src", "mixed") as writer:
+        for sample in iter_samples(data_urls("val")):
+            writer.add(sample["__key__"], {k: v for k, v in sample.items() if not k.startswith("__")})
+        writer.add("broken", {"jpg": b"\xff\xd8 not a jpeg", "cls": b"1"})
+    shard = str(writer.records[0].path)
+    assert loopvae_main(["encode", "--checkpoint", str(bundled_model_dir()), "--data", shard, "--out",
+                         str(tmp_path / "x"), "--resolution", str(RES), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "'broken'" in err and "--skip-corrupt" in err
+    meta = _encode(tmp_path / "y", shard, "--skip-corrupt")
+    assert meta["num_samples"] == 4 and meta["skipped"] == [f"{shard}#broken"]
+
+
+def test_torchrun_two_ranks_encode_every_image_exactly_once(tmp_path: Path) -> None:
+    data = _split_shards(tmp_path / "src", per_shard=7)  # 4 shards of 7, 7, 7, 3: ranks hold 14 and 10 images
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "loopvae",
+           "encode", "--checkpoint", str(bundled_model_dir()), "--data", data, "--out", str(tmp_path / "lat"),
+           "--resolution", str(RES), "--device", "cpu"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    meta = json.loads((tmp_path / "lat" / "latents.json").read_text())
+    assert meta["shard_counts"] == [7, 7, 7, 3] and meta["num_samples"] == 24
+    written = [s["__key__"] for name in meta["shards"] for s in iter_samples(str(tmp_path / "lat" / name))]
+    source = [s["__key__"] for url in data.split(",") for s in iter_samples(url)]
+    assert sorted(written) == sorted(source) and len(set(written)) == 24
