@@ -154,7 +154,7 @@ def test_evaluation_beyond_the_horizon_runs_more_steps_with_the_same_weights() -
     x = images()
     assert torch.equal(full_logits(model, x, steps=9), manual_recursion(model, x, 9))
     assert not torch.equal(model(x, steps=9), model(x))
-    per_step = model.forward_intermediates(x, steps=9)
+    per_step = model.forward_steps(x, steps=9)
     assert len(per_step) == 9
     for n in (1, 4):  # earlier states of a 9-step run are the final states of shorter runs
         assert torch.equal(per_step[n - 1], full_logits(model, x, steps=n))
@@ -207,7 +207,7 @@ def test_deep_supervision_reads_the_shared_head_every_k_steps() -> None:
     assert model.supervised_indices() == [2, 5, 8, 11]
     x = images()
     logits = model.forward_supervised(x)
-    inter = model.forward_intermediates(x)
+    inter = model.forward_steps(x)
     assert len(logits) == 4 and len(inter) == 12
     for out, i in zip(logits, [2, 5, 8, 11]):
         assert torch.equal(out, inter[i])

@@ -205,3 +205,63 @@ def test_recipe_mismatches_say_what_to_pass() -> None:
     assert torch.equal(bigger.pos_embed.detach(), expected)
     assert torch.equal(bigger.pos_embed[:, 0], ref.pos_embed[:, 0])  # the class token's position is carried over
     assert torch.isfinite(bigger(torch.randn(1, 3, 32, 32))).all()
+
+
+# -- timm's registry, pretrained_cfg and forward_intermediates ------------------------------------------------------
+def test_timm_finds_and_builds_our_classifiers_under_timm_style_names(tmp_path: Path) -> None:
+    assert {"srvit_s", "srvit_s_cifar", "bvit_ti", "vit_ti_cifar", "vit_b"} <= set(timm.list_models("*vit*"))
+    assert timm.list_models("*srvit*") == sorted(n for n in srvit.TIMM_NAMES if n.startswith("srvit"))
+    with torch.device("meta"):
+        model = timm.create_model("srvit_s", recursion=2)
+    assert model.config.embed_dim == 384 and model.config.recursion == 2 and model.config.img_size == 224
+    cifar = timm.create_model("vit_ti_cifar", num_classes=7)
+    assert (cifar.config.img_size, cifar.config.patch_size, cifar.config.num_classes) == (32, 4, 7)
+    with pytest.raises(ValueError, match="checkpoint_path"):
+        timm.create_model("vit_ti_cifar", pretrained=True)
+    save_file(cifar.state_dict(), str(tmp_path / "w.safetensors"))
+    again = timm.create_model("vit_ti_cifar", num_classes=7, checkpoint_path=str(tmp_path / "w.safetensors")).eval()
+    x = torch.rand(2, 3, 32, 32)
+    assert torch.equal(again(x), cifar.eval()(x))
+
+
+def test_resolve_data_config_gives_each_model_its_own_normalisation() -> None:
+    from loopdata.transforms import CIFAR10_MEAN, CIFAR10_STD, IMAGENET_MEAN, IMAGENET_STD
+
+    with torch.device("meta"):
+        imagenet = timm.data.resolve_data_config(model=timm.create_model("srvit_s"))
+    cifar = timm.data.resolve_data_config(model=timm.create_model("bvit_ti_cifar"))
+    assert imagenet["input_size"] == (3, 224, 224) and imagenet["mean"] == IMAGENET_MEAN
+    assert imagenet["std"] == IMAGENET_STD and imagenet["crop_pct"] == 0.875
+    assert cifar["input_size"] == (3, 32, 32) and cifar["mean"] == CIFAR10_MEAN and cifar["std"] == CIFAR10_STD
+    assert cifar["crop_pct"] == 1.0
+    from srvit.train_config import load_train_config
+
+    # what srvit train builds for a CIFAR run
+    trained = srvit.create_model("vit-ti", **load_train_config("cifar10-vit-ti").model_kwargs())
+    assert timm.data.resolve_data_config(model=trained)["mean"] == CIFAR10_MEAN
+
+
+@torch.no_grad()
+def test_forward_intermediates_has_timms_signature_and_meaning() -> None:
+    model = randomize_(tiny("srvit-s", recursion=2))
+    x = torch.rand(2, 3, 16, 16)
+    final, inter = model.forward_intermediates(x)
+    assert torch.allclose(final, model.forward_features(x), atol=1e-6)
+    assert [t.shape for t in inter] == [(2, 24, 4, 4)] * 2  # one NCHW map per stored block
+    # timm's ViT gives the same layout: compare against a timm VisionTransformer with the same weights
+    vit = randomize_(tiny("vit-s"))
+    ref = timm_vit()
+    ref.load_state_dict(vit.state_dict())
+    ours = vit.forward_intermediates(x, indices=[0, -1], norm=True, intermediates_only=True)
+    theirs = ref.forward_intermediates(x, indices=[0, -1], norm=True, intermediates_only=True)
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(ours, theirs, strict=True))
+    nlc = vit.forward_intermediates(x, indices=1, output_fmt="NLC", return_prefix_tokens=True,
+                                    intermediates_only=True)
+    assert nlc[0][0].shape == (2, 16, 24) and nlc[0][1].shape == (2, 1, 24)
+    bvit = tiny("bvit-s", recursion=5, depth=1)
+    assert len(bvit.forward_intermediates(x, intermediates_only=True)) == 5  # one per step of the single block
+    assert len(bvit.forward_intermediates(x, indices=2, stop_early=True, intermediates_only=True)) == 2
+    with pytest.raises(ValueError, match="out of range"):
+        vit.forward_intermediates(x, indices=[5])
+    steps = model.forward_steps(x)  # the per-step logits that used to carry this name
+    assert len(steps) == 2 and steps[-1].shape == (2, 7) and torch.allclose(steps[-1], model(x), atol=1e-5)

@@ -155,3 +155,32 @@ def test_every_registered_model_trains_at_tiny_size(name: str) -> None:
     unused = [n for n, p in model.named_parameters() if p.grad is None]
     assert not unused, unused[:5]
     assert all(torch.isfinite(p.grad).all() for p in model.parameters()), name
+
+
+def test_pretrained_and_checkpoint_path_mean_what_they_mean_in_timm_and_srvit(tmp_path) -> None:
+    import warnings
+
+    import pytest
+    import torch
+
+    import loopvae
+    from loopvae.demo import bundled_model_dir
+
+    with pytest.raises(ValueError, match="checkpoint_path"):
+        loopvae.create_model("loopvae-cnn-tiny", pretrained=True)
+    bundled = loopvae.LoopVAE.from_pretrained(bundled_model_dir()).eval()
+    loaded = loopvae.create_model("loopvae-cnn-tiny", shortcuts=True, checkpoint_path=bundled_model_dir()).eval()
+    x = torch.rand(1, 3, 32, 32) * 2 - 1
+    with torch.no_grad():
+        assert torch.equal(loaded(x).sample, bundled(x).sample)
+    with pytest.raises(ValueError, match="does not match the architecture"):
+        loopvae.create_model("loopvae-cnn-tiny", width=96, checkpoint_path=bundled_model_dir())
+    with pytest.raises(FileNotFoundError, match="checkpoint_path"):
+        loopvae.create_model("loopvae-cnn-tiny", checkpoint_path=tmp_path / "nothing")
+    ref = loopvae.create_model("flux-vae-tiny")
+    ref.save_pretrained(tmp_path / "ref")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        again = loopvae.create_model("flux-vae-tiny", pretrained=str(tmp_path / "ref"))
+    assert any(issubclass(w.category, FutureWarning) for w in caught)
+    assert all(torch.equal(a, b) for a, b in zip(again.state_dict().values(), ref.state_dict().values(), strict=True))

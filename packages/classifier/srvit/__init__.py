@@ -2,7 +2,8 @@
 (``bvit-*``, one block applied T times) and SR-ViT (``srvit-*``, every block applied R times with SoftMoR
 fusion) -- with DeiT / CIFAR training and step-sweep evaluation (``srvit train``, ``srvit eval``), timm's
 ``create_model(name, pretrained=False, checkpoint_path=None, **kw)`` surface and a checked recipe for timm DeiT
-weights (:mod:`srvit.timm_compat`).
+weights (:mod:`srvit.timm_compat`). Importing it registers the classifiers with timm (``timm.create_model("srvit_s")``,
+``"vit_ti_cifar"``, ...; :mod:`srvit.timm_registration`).
 """
 
 from .model import FAMILIES, PatchEmbed, RecursionTrace, RecursiveViT
@@ -14,8 +15,9 @@ from .timm_compat import (
     load_timm_vit_state_dict,
     read_checkpoint,
 )
+from .timm_registration import TIMM_NAMES, register_with_timm
 
 __all__ = ["FAMILIES", "CheckpointLoadError", "PatchEmbed", "RecursionTrace", "RecursiveViT",
            "convert_timm_vit_state_dict", "create_model", "list_models", "load_checkpoint",
-           "load_timm_vit_state_dict", "model_arguments", "read_checkpoint"]
+           "load_timm_vit_state_dict", "model_arguments", "read_checkpoint", "register_with_timm", "TIMM_NAMES"]
 __version__ = "0.1.0"

@@ -68,7 +68,7 @@ def batch_counts(
         if not steps:
             return counts
         if model.config.depth == 1 and model.fusions is None:
-            per_step = model.forward_intermediates(images, steps=steps[-1])
+            per_step = model.forward_steps(images, steps=steps[-1])
             step_logits = {n: per_step[n - 1] for n in steps}
         else:  # the trained recursion's logits are already computed above
             step_logits = {n: logits if n == model.config.recursion else model(images, steps=n) for n in steps}

@@ -33,7 +33,7 @@ final-normed class token ``(B, embed_dim)``, the pooled features.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -47,7 +47,7 @@ from looprun.config import RenamedKey
 from looprun.release import ReleaseLoadingMixin
 
 from .head_path import advances_head_only, head_step
-from .timm_surface import TimmClassifierSurface
+from .timm_surface import IMAGENET_MEAN, IMAGENET_STD, TimmClassifierSurface
 
 
 class PatchEmbed(nn.Module):
@@ -106,6 +106,9 @@ class RecursiveViT(TimmClassifierSurface, ReleaseLoadingMixin, ModelMixin, Confi
         drop_path_rate: stochastic depth, rising linearly over the ``depth * recursion`` applications.
         deep_supervision_every: ``k > 0`` supervises every k-th trajectory state (training only).
         family: ``vit`` | ``bvit`` | ``srvit`` (bookkeeping for reports; the config above is the architecture).
+        data_mean, data_std, crop_pct: the input normalisation and eval crop the weights expect (ImageNet's by
+            default; ``srvit train`` records its protocol's). Not used by the network: they make
+            :attr:`pretrained_cfg` true, which timm's ``resolve_data_config(model=...)`` reads.
     """
 
     _supports_gradient_checkpointing = True
@@ -131,6 +134,9 @@ class RecursiveViT(TimmClassifierSurface, ReleaseLoadingMixin, ModelMixin, Confi
         drop_path_rate: float = 0.0,
         deep_supervision_every: int = 0,
         family: str = "srvit",
+        data_mean: Sequence[float] = IMAGENET_MEAN,
+        data_std: Sequence[float] = IMAGENET_STD,
+        crop_pct: float = 0.875,
     ) -> None:
         super().__init__()
         if depth < 1 or recursion < 1:
@@ -398,6 +404,80 @@ class RecursiveViT(TimmClassifierSurface, ReleaseLoadingMixin, ModelMixin, Confi
         states = self._trajectory_states(x, steps, self.supervised_indices(steps))
         return [self.forward_head(self.norm(s)) for s in states]
 
-    def forward_intermediates(self, x: torch.Tensor, steps: int | None = None) -> list[torch.Tensor]:
-        """Logits of the shared head at every trajectory state ``(B, num_classes)`` each (analysis)."""
+    def forward_steps(self, x: torch.Tensor, steps: int | None = None) -> list[torch.Tensor]:
+        """Logits of the shared head at every trajectory state, ``(B, num_classes)`` each (analysis: top-1 per
+        recursion step; the stored blocks' outputs for a multi-block model, every step for a single block)."""
         return [self.forward_head(self.norm(s)) for s in self.forward_trace(x, steps, head_only=True).trajectory]
+
+    def forward_intermediates(
+        self, x: torch.Tensor, indices: int | list[int] | None = None, return_prefix_tokens: bool = False,
+        norm: bool = False, stop_early: bool = False, output_fmt: str = "NCHW", intermediates_only: bool = False,
+        steps: int | None = None,
+    ) -> list | tuple[torch.Tensor, list]:
+        """timm's ``forward_intermediates``: feature maps of selected trajectory states.
+
+        The states are the stored blocks' (fused) outputs for a multi-block model (``depth`` of them) and every
+        step's output for a single-block bViT (``steps`` of them), as timm counts a ViT's blocks.
+
+        Args:
+            x: images ``(B, 3, H, W)``.
+            indices: ``n`` (the last ``n`` states), a list of state indices (negative from the end) or ``None``
+                (all).
+            return_prefix_tokens: return ``(feature map, class token (B, 1, d))`` pairs.
+            norm: apply the final LayerNorm to every intermediate.
+            stop_early: stop after the last selected state (the returned final features are then that state's).
+            output_fmt: ``NCHW`` (``(B, d, H/p, W/p)`` patch-token maps) or ``NLC`` (``(B, N, d)`` tokens).
+            intermediates_only: return the list alone.
+            steps: applications per block (default ``recursion``).
+
+        Returns:
+            ``(final normed tokens (B, 1 + N, d), intermediates)``, or the intermediates alone.
+        """
+        if output_fmt not in ("NCHW", "NLC"):
+            raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
+        length = self.trajectory_length(steps)
+        if indices is None:
+            wanted = list(range(length))
+        elif isinstance(indices, int):
+            if not 1 <= indices <= length:
+                raise ValueError(f"indices={indices} asks for the last {indices} of {length} states")
+            wanted = list(range(length - indices, length))
+        else:
+            if any(not -length <= i < length for i in indices):
+                raise ValueError(f"indices {list(indices)} out of range for {length} states")
+            wanted = sorted(i % length for i in indices)
+        single = self.config.depth == 1
+        h, w = x.shape[-2] // self.config.patch_size, x.shape[-1] // self.config.patch_size
+        intermediates: list = []
+        last = None
+        index = 0
+        for states, z, _ in self._run_blocks(x, steps, head_only=False, keep_steps=single):
+            for state in ([*states[:-1], z] if single else [z]):
+                last = state
+                if index in wanted:
+                    out = self.norm(state) if norm else state
+                    prefix, tokens = out[:, :1], out[:, 1:]
+                    if output_fmt == "NCHW":
+                        tokens = tokens.reshape(tokens.shape[0], h, w, -1).permute(0, 3, 1, 2)
+                    intermediates.append((tokens, prefix) if return_prefix_tokens else tokens)
+                index += 1
+            if stop_early and index > wanted[-1]:
+                break
+        if intermediates_only:
+            return intermediates
+        return self.norm(last), intermediates
+
+    @property
+    def pretrained_cfg(self) -> dict:
+        """timm's pretrained config of these weights (input size, normalisation, crop, classifier names), from
+        ``config``: ``timm.data.resolve_data_config(model=model)`` reads it."""
+        c = self.config
+        return {"architecture": f"{c.family}", "input_size": (c.in_channels, c.img_size, c.img_size),
+                "mean": tuple(c.data_mean), "std": tuple(c.data_std), "crop_pct": c.crop_pct,
+                "interpolation": "bicubic", "num_classes": c.num_classes, "first_conv": "patch_embed.proj",
+                "classifier": "head", "fixed_input_size": True}
+
+    @property
+    def default_cfg(self) -> dict:
+        """timm's older name of :attr:`pretrained_cfg`."""
+        return self.pretrained_cfg

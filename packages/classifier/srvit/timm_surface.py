@@ -7,6 +7,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+# timm's IMAGENET_DEFAULT_MEAN / STD (what DeiT weights expect)
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
 
 class TimmClassifierSurface:
     """``num_classes``, ``num_features``, ``head_hidden_size``, ``get_classifier``, ``reset_classifier``,

@@ -113,7 +113,12 @@ class TrainConfig:
 
     def model_kwargs(self) -> dict[str, Any]:
         """Overrides for :func:`srvit.create_model`: the run's classes, resolution and regularisers."""
+        from loopdata.transforms import make_options
+
+        # the normalisation and crop the weights will expect, recorded in config.json (timm's pretrained_cfg)
+        data = make_options("classification", **self.data_options())
         return {
+            "data_mean": tuple(data.mean), "data_std": tuple(data.std), "crop_pct": data.crop_pct,
             **self.model_overrides, "num_classes": self.num_classes, "img_size": self.resolution,
             "drop_path_rate": self.drop_path_rate, "deep_supervision_every": self.deep_supervision_every,
         }

@@ -68,15 +68,12 @@ def init_posterior_logvar(vae: AutoencoderKL, value: float) -> AutoencoderKL:
     return vae
 
 
-def reference_vae(
-    config: dict[str, Any], pretrained: str | None = None, initial_logvar: float | None = None, **overrides: Any
-) -> AutoencoderKL:
-    """Build an ``AutoencoderKL`` from ``config`` (+ overrides), or load it from a local folder.
+def reference_vae(config: dict[str, Any], initial_logvar: float | None = None, **overrides: Any) -> AutoencoderKL:
+    """Build an ``AutoencoderKL`` from ``config`` (+ overrides); local weights come through
+    ``create_model(name, checkpoint_path=...)`` or ``AutoencoderKL.from_pretrained(folder)``.
 
-    ``initial_logvar`` (new models only) re-initialises the posterior log-variance (see
-    :func:`init_posterior_logvar`); ``None`` keeps diffusers' initialisation.
+    ``initial_logvar`` re-initialises the posterior log-variance (see :func:`init_posterior_logvar`); ``None``
+    keeps diffusers' initialisation.
     """
-    if pretrained is not None:
-        return AutoencoderKL.from_pretrained(pretrained, local_files_only=True, **overrides)
     vae = AutoencoderKL(**{**config, **overrides})
     return vae if initial_logvar is None else init_posterior_logvar(vae, initial_logvar)

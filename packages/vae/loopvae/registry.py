@@ -7,7 +7,10 @@ Entry points only choose architecture keyword arguments; overrides replace any o
 from __future__ import annotations
 
 import fnmatch
+import os
+import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from torch import nn
@@ -68,11 +71,57 @@ def list_models(pattern: str | None = None) -> list[str]:
     return [n for n in names if fnmatch.fnmatch(n, pattern)] if pattern else names
 
 
-def create_model(name: str, **overrides: Any) -> nn.Module:
-    """Build the registered model ``name`` with keyword ``overrides`` applied to its configuration."""
+def create_model(name: str, pretrained: bool | str = False, checkpoint_path: str | os.PathLike | None = None,
+                 **overrides: Any) -> nn.Module:
+    """Build the registered model ``name`` with keyword ``overrides`` applied to its configuration.
+
+    ``pretrained`` and ``checkpoint_path`` mean what they mean in timm and in ``srvit.create_model``: there is
+    no weight hub and nothing is downloaded, so ``pretrained=True`` raises; ``checkpoint_path`` loads local
+    weights, a diffusers / release folder (``config.json`` + ``diffusion_pytorch_model.safetensors``, whose
+    config must build the same architecture) or a ``.safetensors`` state dict, strictly.
+    ``pretrained="<folder>"`` (the older spelling for the reference VAEs) still works, with a warning.
+    """
     if name not in _REGISTRY:
         raise KeyError(f"unknown model {name!r}; available: {', '.join(list_models())}")
-    return _REGISTRY[name](**overrides)
+    if isinstance(pretrained, (str, os.PathLike)):
+        warnings.warn(f"create_model({name!r}, pretrained=<path>) is deprecated; pass checkpoint_path=<path> "
+                      "(pretrained is timm's boolean)", FutureWarning, stacklevel=2)
+        checkpoint_path, pretrained = pretrained, False
+    if pretrained:
+        raise ValueError(f"create_model({name!r}, pretrained=True): loopvae downloads no weights (no hub, no network "
+                         "access); pass checkpoint_path='path/to/release-folder' (or a .safetensors file)")
+    model = _REGISTRY[name](**overrides)
+    if checkpoint_path is not None:
+        load_weights(model, checkpoint_path)
+    return model
+
+
+def load_weights(model: nn.Module, path: str | os.PathLike) -> nn.Module:
+    """Load local weights into ``model`` strictly: a folder's ``diffusion_pytorch_model.safetensors`` (or a
+    release's legacy ``model.safetensors``) or a ``.safetensors`` file; errors name the file and the keys."""
+    from safetensors.torch import load_file
+
+    from looprun.release import release_weights_file
+
+    path = Path(path)
+    if path.is_dir():
+        file = release_weights_file(path)
+    else:
+        file = path if path.is_file() and path.suffix == ".safetensors" else None
+    if file is None:
+        raise FileNotFoundError(f"checkpoint_path {path}: neither a folder with diffusion_pytorch_model.safetensors "
+                                "nor a .safetensors file")
+    state = load_file(str(file))
+    hint = "build the model with that checkpoint's config (LoopVAE.from_pretrained / AutoencoderKL.from_pretrained)"
+    try:
+        missing, unexpected = model.load_state_dict(state, strict=False)
+    except RuntimeError as err:  # shape mismatches
+        reason = str(err).splitlines()[1].strip() if len(str(err).splitlines()) > 1 else str(err)
+        raise ValueError(f"checkpoint_path {file}: does not match the architecture ({reason}); {hint}") from None
+    if missing or unexpected:
+        raise ValueError(f"checkpoint_path {file}: does not match the architecture (missing {sorted(missing)[:5]}, "
+                         f"unexpected {sorted(unexpected)[:5]}); {hint}")
+    return model
 
 
 def _loopvae(defaults: dict[str, Any]) -> Callable[..., LoopVAE]:
