@@ -23,7 +23,11 @@ class TrainConfig:
     init_from: str | None = None  # stage 2: the stage-1 release artifact (or run directory)
     # data
     resolution: int = 128
-    batch_size: int = 8  # per rank
+    batch_size: int = 8  # per rank and micro-step
+    # micro-batches of batch_size accumulated into each optimizer step (global batch = batch_size x grad_accum_steps
+    # x ranks): the paper's 8 GPUs x 4 on fewer GPUs. Steps (max_steps, warm-up, checkpoint_every, GAN and R1
+    # schedules) count optimizer steps.
+    grad_accum_steps: int = 1
     num_workers: int = 2
     scale_jitter: tuple[float, float] = (1.0, 1.0)
     hflip: float = 0.5
@@ -108,8 +112,8 @@ class TrainConfig:
             raise ConfigError(f"stage 1 trains without a discriminator; got discriminator={self.discriminator!r}")
         if self.discriminator not in ("none", "patchgan", "dino"):
             raise ConfigError(f"discriminator must be none, patchgan or dino, got {self.discriminator!r}")
-        for key in ("max_steps", "batch_size", "checkpoint_every", "log_every", "image_every", "r1_every",
-                    "eval_resolution", "eval_images"):
+        for key in ("max_steps", "batch_size", "grad_accum_steps", "checkpoint_every", "log_every", "image_every",
+                    "r1_every", "eval_resolution", "eval_images"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"{key} must be >= 1, got {getattr(self, key)}")
         if self.precision not in ("bf16", "fp32"):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -196,8 +197,10 @@ class Trainer(TrainingLoop):
                 self.disc = build_discriminator(config.discriminator, config.dino_weights).to(dev)
                 self.d_params = [p for p in self.disc.parameters() if p.requires_grad]
                 self.d_optimizer = discriminator_optimizer(self.d_params, config)
+            # one loader batch feeds one optimizer step: grad_accum_steps micro-batches of batch_size
             self.loader = loopdata.make_loader(
-                data, task="reconstruction", train=True, batch_size=config.batch_size, num_workers=config.num_workers,
+                data, task="reconstruction", train=True, batch_size=config.batch_size * config.grad_accum_steps,
+                num_workers=config.num_workers,
                 resolution=config.resolution, rank=self.ctx.rank, world_size=self.ctx.world_size, seed=config.seed,
                 scale=tuple(config.scale_jitter), hflip=config.hflip,
             )
@@ -253,29 +256,49 @@ class Trainer(TrainingLoop):
     def _autocast(self):
         return torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast)
 
+    def _micro_batches(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        k = self.config.grad_accum_steps
+        if x.shape[0] % k:
+            raise RuntimeError(f"a batch of {x.shape[0]} images does not split into grad_accum_steps={k} micro-batches")
+        return x.chunk(k) if k > 1 else (x,)
+
+    def _sync_unless(self, module: torch.nn.Module, last: bool):
+        """DDP's ``no_sync`` on every micro-step but the last (the gradients are all-reduced once per step)."""
+        return module.no_sync() if (not last and isinstance(module, DistributedDataParallel)) else nullcontext()
+
     def generator_step(self, x: torch.Tensor) -> tuple[dict[str, float], torch.Tensor]:
+        """One optimizer step over ``grad_accum_steps`` micro-batches of ``x`` (``(k b, 3, H, W)``): each micro-loss
+        is divided by k, so the summed gradient is the gradient of the mean loss over the k b images."""
         cfg = self.config
-        with self._autocast():
-            recon, moments, passes = self.step_module(x)
-        posterior = DiagonalGaussianDistribution(moments.float())
-        fake_logits = None
-        if self.disc is not None:
-            self.disc.requires_grad_(False)
-            with self._autocast():
-                fake_logits = self.disc(diff_augment(recon.float(), cfg.diffaug_p, cfg.diffaug_cutout))
-        terms = self.objective(
-            x, recon, posterior, self.step, fake_logits=fake_logits, last_layer=last_layer(self.vae),
-            pass_recons=passes,
-        )
-        self.check_finite(terms.total, detail=str(terms.logs))
+        micro = self._micro_batches(x)
+        k = len(micro)
         self.optimizer.zero_grad(set_to_none=True)
-        terms.total.backward()
+        recons, logs_sum = [], {}
+        for i, xi in enumerate(micro):
+            with self._sync_unless(self.step_module, last=i == k - 1):
+                with self._autocast():
+                    recon, moments, passes = self.step_module(xi)
+                posterior = DiagonalGaussianDistribution(moments.float())
+                fake_logits = None
+                if self.disc is not None:
+                    self.disc.requires_grad_(False)
+                    with self._autocast():
+                        fake_logits = self.disc(diff_augment(recon.float(), cfg.diffaug_p, cfg.diffaug_cutout))
+                terms = self.objective(
+                    xi, recon, posterior, self.step, fake_logits=fake_logits, last_layer=last_layer(self.vae),
+                    pass_recons=passes,
+                )
+                self.check_finite(terms.total, detail=str(terms.logs))
+                (terms.total if k == 1 else terms.total / k).backward()
+            recons.append(recon.detach())
+            for key, value in terms.logs.items():
+                logs_sum[key] = logs_sum.get(key, 0.0) + value / k
         grad_norm = self.clip_and_check_gradients(list(self.vae.parameters()), cfg.grad_clip)
         self.optimizer.step()
         self.scheduler.step()
         self.ema.update(self.vae)
-        logs = dict(terms.logs, grad_norm=float(grad_norm), lr=self.scheduler.get_last_lr()[0])
-        return logs, recon.detach()
+        logs = dict(logs_sum, grad_norm=float(grad_norm), lr=self.scheduler.get_last_lr()[0])
+        return logs, (recons[0] if k == 1 else torch.cat(recons))
 
     def discriminator_step(self, x: torch.Tensor, recon: torch.Tensor) -> dict[str, float]:
         """One hinge-loss step of the discriminator, and every ``r1_every``-th time a separate R1 step.
@@ -287,29 +310,45 @@ class Trainer(TrainingLoop):
         cfg = self.config
         for p in self.d_params:
             p.requires_grad_(True)
+        # counted per optimizer step: with grad_accum_steps = k the R1 step comes every r1_every D steps of k b images
         lazy_r1 = self.d_steps % cfg.r1_every == 0 and cfg.r1_gamma > 0
-        real = x.detach().float()
-        with self._autocast():
-            real_logits = self.disc(diff_augment(real, cfg.diffaug_p, cfg.diffaug_cutout))
-            fake_logits = self.disc(diff_augment(recon.float(), cfg.diffaug_p, cfg.diffaug_cutout))
-        d_loss = hinge_d_loss(real_logits, fake_logits)
-        logs = {"d_loss": float(d_loss.detach()), "d_real": float(real_logits.detach().float().mean()),
-                "d_fake": float(fake_logits.detach().float().mean())}
-        self._discriminator_update(d_loss, "discriminator loss", logs)
-        if lazy_r1:
-            real = real.requires_grad_(True)
+        reals, fakes = self._micro_batches(x.detach().float()), self._micro_batches(recon.float())
+        k = len(reals)
+        logs = {"d_loss": 0.0, "d_real": 0.0, "d_fake": 0.0}
+
+        def hinge(i: int) -> torch.Tensor:
             with self._autocast():
-                logits = self.disc(diff_augment(real, cfg.diffaug_p, cfg.diffaug_cutout))
-            r1 = r1_penalty(real, logits.float())  # on each sample's mean logit, like the hinge loss
-            logs["r1"] = float(r1.detach())
-            self._discriminator_update(0.5 * cfg.r1_gamma * cfg.r1_every * r1, "R1 penalty", logs)
+                real_logits = self.disc(diff_augment(reals[i], cfg.diffaug_p, cfg.diffaug_cutout))
+                fake_logits = self.disc(diff_augment(fakes[i], cfg.diffaug_p, cfg.diffaug_cutout))
+            d_loss = hinge_d_loss(real_logits, fake_logits)
+            logs["d_loss"] += float(d_loss.detach()) / k
+            logs["d_real"] += float(real_logits.detach().float().mean()) / k
+            logs["d_fake"] += float(fake_logits.detach().float().mean()) / k
+            return d_loss
+
+        self._discriminator_update(hinge, k, "discriminator loss", logs)
+        if lazy_r1:
+            logs["r1"] = 0.0
+
+            def r1(i: int) -> torch.Tensor:
+                real = reals[i].requires_grad_(True)
+                with self._autocast():
+                    logits = self.disc(diff_augment(real, cfg.diffaug_p, cfg.diffaug_cutout))
+                penalty = r1_penalty(real, logits.float())  # on each sample's mean logit, like the hinge loss
+                logs["r1"] += float(penalty.detach()) / k
+                return 0.5 * cfg.r1_gamma * cfg.r1_every * penalty
+
+            self._discriminator_update(r1, k, "R1 penalty", logs)
         self.d_steps += 1
         return logs
 
-    def _discriminator_update(self, loss: torch.Tensor, what: str, logs: dict[str, float]) -> None:
-        self.check_finite(loss, what, detail=str(logs))
+    def _discriminator_update(self, micro_loss, k: int, what: str, logs: dict[str, float]) -> None:
+        """One discriminator optimizer step on ``micro_loss(i)`` accumulated over the k micro-batches."""
         self.d_optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        for i in range(k):
+            loss = micro_loss(i)
+            self.check_finite(loss, what, detail=str(logs))
+            (loss if k == 1 else loss / k).backward()
         average_gradients(self.d_params, self.ctx)
         self.clip_and_check_gradients(self.d_params, self.config.grad_clip)
         self.d_optimizer.step()
@@ -320,15 +359,16 @@ class Trainer(TrainingLoop):
         cfg = self.config
         facts = {"stage": cfg.stage, "weights": "ema", "model_name": None if cfg.init_from else cfg.model,
                  "init_from": cfg.init_from, "data": describe_data(self.data_spec), "resolution": cfg.resolution,
-                 "batch_size": cfg.batch_size, "world_size": self.ctx.world_size}
+                 "batch_size": cfg.batch_size, "grad_accum_steps": cfg.grad_accum_steps,
+                 "world_size": self.ctx.world_size}
         return {k: v for k, v in facts.items() if v is not None}
 
     def card_facts(self) -> dict[str, Any]:
         """Model-card lines: MACs per 256² reconstruction and how to measure the metrics."""
         macs = reconstruction_macs(self.ema.module, 256)
         return {"MACs per 256² reconstruction": f"{macs / 1e9:.2f} G (encode, sample, decode; batch 1)",
-                "training crops": f"{self.step} steps × {self.config.batch_size} × {self.ctx.world_size} rank(s) "
-                                  f"of {self.config.resolution}²",
+                "training crops": f"{self.step} steps × {self.config.batch_size} × {self.config.grad_accum_steps} "
+                                  f"micro-batch(es) × {self.ctx.world_size} rank(s) of {self.config.resolution}²",
                 "measure_command": "loopvae eval --checkpoint <this folder> --data <shards or image folder> --out DIR"}
 
     # -- loop ----------------------------------------------------------------------------------
@@ -351,7 +391,8 @@ class Trainer(TrainingLoop):
         if self.val_set is None:
             return None
         result = validation_psnr(self.ema.module, self.val_set, self.ctx)
-        entry = {"step": self.step, "images_seen": self.step * self.config.batch_size * self.ctx.world_size,
+        entry = {"step": self.step, "images_seen": self.step * self.config.batch_size * self.config.grad_accum_steps
+                 * self.ctx.world_size,
                  "train_seconds": round(self.train_seconds, 2),
                  "train_wall_seconds": round(self.train_wall_seconds, 2), **result}
         self.validation = [e for e in self.validation if e["step"] < self.step] + [entry]
