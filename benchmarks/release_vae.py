@@ -148,7 +148,17 @@ def write_card(target: Path, r: dict[str, Any]) -> None:
         rows.append(f"| {label} | {ev[split]['psnr']:.2f} | {ev[split]['ssim']:.4f} | "
                     f"{ev[split]['baseline']['psnr']:.2f} | {ref[split]['psnr']:.2f} | "
                     f"{cmp[split]['vs_reference_psnr']['verdict']} |")
-    text = f"""# loopvae-cnn-tiny, trained (bundled with loopvision)
+    from looprun.release import card_front_matter
+
+    results = []
+    for split, dataset in (("kodak", "kodim21-24 (Kodak)"), ("imagenet", f"{r['num_holdout']} held-out ImageNet-sample "
+                                                                          "images")):
+        for metric, name in (("psnr", "PSNR"), ("ssim", "SSIM")):
+            results.append({"task": "image-to-image", "dataset": f"{dataset}, 256²", "type": metric, "name": name,
+                            "value": ev[split][metric]})
+    front = card_front_matter("loopvae-cnn-tiny", "diffusers", ["loopvision", "loopvae", "vae", "image-tokenizer"],
+                              results)
+    text = front + f"""# loopvae-cnn-tiny, trained (bundled with loopvision)
 
 A CPU-scale LoopVAE: `loopvae-cnn-tiny` (width 48, K = 2 ConvNeXt adaLN-Zero blocks per branch, passes
 [1, 2, 4] per branch, global sharing, f8 with 16 latent channels) **with the parameter-free shortcuts**
@@ -190,6 +200,12 @@ the folder as `--checkpoint`.
     (target / "README.md").write_text(text)
 
 
+def rewrite_card(target: Path = Path("assets/models/loopvae-cnn-tiny"),
+                 results: Path = Path("docs/study_loopvae/release.json")) -> None:
+    """Re-render the bundled model's card from the committed release results (no training)."""
+    write_card(target, json.loads(results.read_text()))
+
+
 def bundle(release: Path, target: Path, r: dict[str, Any]) -> None:
     from looprun.release import WEIGHTS_NAME, release_weights_file
 
@@ -211,7 +227,12 @@ def main() -> int:
     parser.add_argument("--docs", default="docs/study_loopvae", help="folder for release.json and plots")
     parser.add_argument("--steps", type=int, default=None, help="shorten both runs (smoke test)")
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--card-only", action="store_true",
+                        help="re-render the bundled model's README.md from docs/study_loopvae/release.json and stop")
     args = parser.parse_args()
+    if args.card_only:
+        rewrite_card()
+        return 0
     runs = Path(args.runs)
     runs.mkdir(parents=True, exist_ok=True)
     data = release_data(args.shared, runs / "data", "the release")

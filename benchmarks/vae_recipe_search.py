@@ -55,7 +55,7 @@ def search_arms() -> list[SearchArm]:
     """The arms, most expensive first (two run at a time)."""
     return [
         # width 96 is the next width at which every shortcut applies (a multiple of 12, 16 and 3); ~3x the cost
-        SearchArm("width96", "width 96 (K=2)", ["model_overrides={shortcuts: true, width: 96, norm_groups: 16}"],
+        SearchArm("width96", "width 96 (K=2)", ["model_overrides={shortcuts: true, width: 96, norm_num_groups: 16}"],
                   steps=BASE_STEPS // 2),
         SearchArm("base", "base recipe (lr 1e-3, 8 x 64², L1, EMA 0.999, modulation x10)"),
         SearchArm("lr2e-3", "lr 2e-3", ["lr=2.0e-3"]),

@@ -69,7 +69,7 @@ def test_it_composes_with_slicing_and_tiling(model: LoopVAE) -> None:
         assert torch.equal(model.decode(z, decoder_passes=[1, 1, 2]).sample, one_by_one)
     finally:
         model.disable_slicing()
-    model.enable_tiling(32)
+    model.enable_tiling(tile_sample_size=32)
     try:
         tiled = model.decode(z, decoder_passes=[1, 1, 2]).sample
         assert tiled.shape == expected.shape and not torch.equal(tiled, model.decode(z).sample)

@@ -45,7 +45,7 @@ def test_the_artifact_is_what_its_card_and_release_json_say() -> None:
 def test_it_is_the_registered_tiny_architecture_with_the_shortcuts(bundled: LoopVAE) -> None:
     registered = loopvae.create_model("loopvae-cnn-tiny").config
     for key in ("width", "num_blocks", "encoder_passes", "decoder_passes", "latent_channels", "latent_factor",
-                "sharing", "norm_groups", "block_type", "fusion_mode"):
+                "sharing", "norm_num_groups", "block_type", "fusion_mode"):
         stored, expected = bundled.config[key], registered[key]
         if isinstance(expected, tuple):  # config.json stores tuples as lists
             stored, expected = list(stored), list(expected)
@@ -114,3 +114,19 @@ def test_the_card_states_the_decoder_prefix_the_interventions_measure(bundled: L
     assert dec["prefix"][-1]["psnr"] == result["baseline"]["psnr"]  # the full prefix is the plain forward
     assert result["full_prefix_reproduces_baseline"]
     assert len(dec["prefix"]) == 4 and "k = 1..4 retained passes" in _card()
+
+
+def test_the_card_has_hub_front_matter_with_the_release_measurements() -> None:
+    import yaml
+
+    text = _card()
+    assert text.startswith("---\n")
+    meta = yaml.safe_load(text.split("---\n")[1])
+    assert (meta["library_name"], meta["license"]) == ("diffusers", "apache-2.0")
+    values = {(r["dataset"]["name"].split(" ")[0], m["type"]): m["value"]
+              for r in meta["model-index"][0]["results"] for m in r["metrics"]}
+    card_table = {row.split("|")[1].strip(): row.split("|")[2].strip() for row in text.splitlines()
+                  if row.startswith("| kodim21") or row.startswith("| 40 held-out")}
+    assert f"{values[('kodim21-24', 'psnr')]:.2f}" == card_table["kodim21–24"]
+    assert f"{values[('40', 'psnr')]:.2f}" == card_table["40 held-out ImageNet"]
+    assert {("kodim21-24", "ssim"), ("40", "ssim")} <= set(values)

@@ -140,6 +140,21 @@ def test_latent_stats_give_unit_variance_latents_and_are_written_into_config(tin
     printed = capsys.readouterr().out
     shift, scale = (float(printed.split(name)[1].split()[0].rstrip(",")) for name in ("shift_factor", "scaling_factor"))
     assert shift == pytest.approx(cfg.shift_factor, abs=1e-5) and scale == pytest.approx(cfg.scaling_factor, rel=1e-5)
+    # per channel (diffusers' latents_mean / latents_std): every channel standardised, and the encode hand-off
+    # records that normalisation
+    assert _run("latent-stats", "--checkpoint", str(release), "--data", data_urls("val"), "--resolution", "64",
+                "--num-workers", "0", "--posterior", "mode", "--per-channel", "--no-progress") == 0
+    cfg = LoopVAE.from_pretrained(release).config
+    mean, std = torch.tensor(cfg.latents_mean).view(1, -1, 1, 1), torch.tensor(cfg.latents_std).view(1, -1, 1, 1)
+    per_channel = (z - mean) * cfg.scaling_factor / std
+    assert cfg.scaling_factor == 1.0 and per_channel.mean(dim=(0, 2, 3)).abs().max() < 1e-5
+    assert per_channel.var(dim=(0, 2, 3), unbiased=False).sub(1).abs().max() < 1e-4
+    from loopdata.latents import LatentNormalization
+
+    meta = {"latent_shape": [16, 8, 8], "scaling_factor": cfg.scaling_factor, "latents_mean": cfg.latents_mean,
+            "latents_std": cfg.latents_std}
+    assert torch.allclose(LatentNormalization.from_metadata(meta).normalize(z[0].float()), per_channel[0].float(),
+                          atol=1e-5)
 
 
 def test_eval_and_intervene_show_progress_bars_unless_asked_not_to(tiny_run, tmp_path: Path, capfd) -> None:

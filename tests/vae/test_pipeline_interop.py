@@ -64,7 +64,7 @@ def test_the_config_carries_what_pipelines_read() -> None:
     assert 2 ** (len(cfg.block_out_channels) - 1) == cfg.latent_factor == 8  # pipelines' vae_scale_factor
     assert (cfg.latent_channels, cfg.scaling_factor, cfg.shift_factor, cfg.force_upcast) == (16, 1.0, 0.0, False)
     with pytest.raises(ValueError, match="block_out_channels .* latent_factor 8 needs 4"):
-        LoopVAE(width=48, num_blocks=1, norm_groups=8, block_out_channels=(48, 48))
+        LoopVAE(width=48, num_blocks=1, norm_num_groups=8, block_out_channels=(48, 48))
 
 
 def test_stable_diffusion_pipeline_runs_end_to_end_with_a_loopvae(tmp_path: Path) -> None:

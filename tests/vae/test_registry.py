@@ -111,7 +111,7 @@ COUNTED = {
 }
 # Tiny versions of every registered architecture (same graph: scales, loops, windows, heads), for numerics.
 TINY_OVERRIDES = {
-    "loopvae": dict(width=24, num_blocks=1, norm_groups=4),
+    "loopvae": dict(width=24, num_blocks=1, norm_num_groups=4),
     "attention": dict(num_heads=2),
     "reference": dict(block_out_channels=(8, 8, 8, 8), layers_per_block=1, norm_num_groups=4),
 }

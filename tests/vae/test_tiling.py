@@ -81,3 +81,29 @@ def test_tiled_decode_uses_less_peak_memory() -> None:
         out = subprocess.run([sys.executable, "-c", PEAK_SCRIPT, mode], capture_output=True, text=True, check=True)
         peaks[mode] = json.loads(out.stdout.strip().splitlines()[-1])["peak_mib"]
     assert peaks["tiled"] < 0.5 * peaks["untiled"], peaks
+
+
+def test_enable_tiling_takes_diffusers_call_styles_without_touching_the_config(tmp_path) -> None:
+    import json
+
+    vae = loopvae.create_model("loopvae-cnn-tiny")
+    before = dict(vae.config)
+    vae.enable_tiling(True)  # older diffusers: use_tiling
+    assert vae.use_tiling and vae.tile_sample_size == vae.config.sample_size
+    vae.enable_tiling(False)
+    assert not vae.use_tiling
+    vae.enable_tiling()
+    assert vae.use_tiling
+    vae.enable_tiling(tile_sample_min_height=64, tile_sample_min_width=64, tile_sample_stride_height=48,
+                      tile_sample_stride_width=48)  # newer diffusers VAEs
+    assert vae.tile_sample_size == 64 and vae.tile_overlap_factor == pytest.approx(0.25)
+    vae.enable_tiling(tile_sample_size=128, tile_overlap_factor=0.5)
+    assert (vae.tile_sample_size, vae.tile_overlap_factor) == (128, 0.5)
+    assert dict(vae.config) == before  # runtime settings, not configuration
+    vae.save_pretrained(tmp_path / "saved")
+    assert json.loads((tmp_path / "saved" / "config.json").read_text())["tile_overlap_factor"] == 0.25
+    for bad, match in ((dict(use_tiling=256), "tile_sample_size="), (dict(tile_sample_size=100), "multiple of 8"),
+                       (dict(tile_sample_min_height=64, tile_sample_min_width=32), "square"),
+                       (dict(tile_sample_size=64, tile_sample_stride_height=80), "stride")):
+        with pytest.raises((TypeError, ValueError), match=match):
+            vae.enable_tiling(**bad)

@@ -36,6 +36,17 @@ def test_the_curve_is_logged_and_its_last_point_is_what_loopvae_eval_measures(tm
     # training keeps the EMA copy in channels_last, the release loads contiguous: float rounding may move a
     # few uint8 pixels by one level (measured 2e-6 dB here), far below any reported digit
     assert metrics["psnr"] == pytest.approx(curve[-1]["psnr"], abs=1e-3)
+    # the release's model card carries the measured PSNR as Hub front matter (model-index)
+    import yaml
+
+    card = (out / "release" / "README.md").read_text()
+    assert card.startswith("---\n")
+    meta = yaml.safe_load(card.split("---\n")[1])
+    assert meta["library_name"] == "diffusers" and meta["license"] == "apache-2.0" and "loopvae" in meta["tags"]
+    (entry,) = meta["model-index"]
+    (res,) = entry["results"]
+    assert res["metrics"][0]["type"] == "psnr" and res["metrics"][0]["value"] == pytest.approx(curve[-1]["psnr"],
+                                                                                               abs=1e-4)
 
 
 def test_a_resumed_run_keeps_the_curve_of_its_earlier_invocation(tmp_path: Path) -> None:

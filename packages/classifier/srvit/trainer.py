@@ -256,6 +256,12 @@ class Trainer(TrainingLoop):
                 "validation top-1": f"{100 * last['top1']:.2f}% on {last['num_images']} images (step {last['step']})",
                 "validation top-5": f"{100 * last['top5']:.2f}%" if "top5" in last else "not measured",
             }
+            dataset = f"validation ({last['num_images']} images)"
+            facts["results"] = [{"task": "image-classification", "dataset": dataset, "type": "accuracy",
+                                 "name": "top-1", "value": 100 * last["top1"]}]
+            if "top5" in last:
+                facts["results"].append({"task": "image-classification", "dataset": dataset, "type": "accuracy",
+                                         "name": "top-5", "value": 100 * last["top5"]})
         return facts
 
 

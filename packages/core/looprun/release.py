@@ -54,6 +54,38 @@ def count_stored_parameters(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
 
 
+def card_front_matter(name: str, library_name: str, tags: list[str], results: list[dict[str, Any]] | None = None,
+                      pipeline_tag: str | None = None, license: str = "apache-2.0") -> str:
+    """The Hugging Face Hub model card's YAML front matter (``---`` block), so ``push_to_hub`` publishes ours.
+
+    ``results``: measured metrics, each ``{"task": type, "dataset": name, "type": metric id, "name": label,
+    "value": number}``; they become ``model-index`` (omitted when nothing was measured).
+    """
+    import yaml
+
+    meta: dict[str, Any] = {"library_name": library_name, "license": license, "tags": list(tags)}
+    if pipeline_tag:
+        meta["pipeline_tag"] = pipeline_tag
+    if results:
+        grouped: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for r in results:
+            grouped.setdefault((r["task"], r["dataset"]), []).append(
+                {"type": r["type"], "name": r["name"], "value": round(float(r["value"]), 4)})
+        meta["model-index"] = [{"name": name, "results": [
+            {"task": {"type": task}, "dataset": {"name": dataset, "type": dataset}, "metrics": metrics}
+            for (task, dataset), metrics in grouped.items()]}]
+    return "---\n" + yaml.safe_dump(meta, sort_keys=False, allow_unicode=True) + "---\n"
+
+
+def hub_identity(model: torch.nn.Module) -> tuple[str, list[str], str | None]:
+    """``(library_name, tags, pipeline_tag)`` of a release: diffusers for the tokenizers, timm for the classifiers."""
+    package = type(model).__module__.split(".")[0]
+    if package == "srvit":
+        return "timm", ["loopvision", "srvit", "recursive-vit", "image-classification"], "image-classification"
+    return "diffusers", ["loopvision", "loopvae" if type(model).__name__ == "LoopVAE" else "autoencoderkl", "vae",
+                         "image-tokenizer"], None
+
+
 def render_model_card(model: torch.nn.Module, info: dict[str, Any], facts: dict[str, Any] | None = None) -> str:
     """A short model card (markdown) for a release: architecture, size, training, metrics, checksum.
 
@@ -65,7 +97,10 @@ def render_model_card(model: torch.nn.Module, info: dict[str, Any], facts: dict[
     facts = dict(facts or {})
     metrics = facts.pop("metrics", None)
     measure = facts.pop("measure_command", None)
-    lines = [f"# {info.get('model_name') or type(model).__name__} release", "",
+    results = facts.pop("results", None)
+    name = info.get("model_name") or type(model).__name__
+    library, tags, pipeline = hub_identity(model)
+    lines = [card_front_matter(name, library, tags, results, pipeline), f"# {name} release", "",
              f"* class: `{type(model).__module__.split('.')[0]}.{type(model).__name__}`; "
              f"parameters: {count_stored_parameters(model):,}"]
     lines += [f"* {key}: {value}" for key, value in facts.items()]

@@ -152,6 +152,8 @@ def _add_latent_stats(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
     p.add_argument("--dry-run", action="store_true", help="print the estimate without writing config.json")
+    p.add_argument("--per-channel", action="store_true",
+                   help="also write per-channel latents_mean / latents_std (LoopVAE configs; scaling_factor becomes 1)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_speed_arguments(p, memory_format=False, compile=False)
 
@@ -162,6 +164,7 @@ def _latent_stats(args: argparse.Namespace) -> int:
     stats, written = latent_stats(
         args.checkpoint, args.data, args.resolution, args.limit, args.batch_size, args.num_workers, args.posterior,
         args.seed, args.device, args.dtype, write=not args.dry_run, progress=not args.no_progress,
+        per_channel=args.per_channel,
     )
     where = f" -> {written}" if written else " (dry run: nothing written)"
     print(f"{stats.num_images} images: shift_factor {stats.shift_factor:.6f}, scaling_factor "

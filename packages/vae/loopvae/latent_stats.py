@@ -133,12 +133,21 @@ def estimate_latent_statistics(
     )
 
 
-def write_latent_statistics(folder: str | Path, stats: LatentStatistics) -> Path:
+def write_latent_statistics(folder: str | Path, stats: LatentStatistics, per_channel: bool = False) -> Path:
     """Set ``scaling_factor`` / ``shift_factor`` (and, for a LoopVAE, ``latent_statistics``) in
-    ``folder/config.json``, atomically, and write ``folder/latent_stats.json``. Returns the config path."""
+    ``folder/config.json``, atomically, and write ``folder/latent_stats.json``. Returns the config path.
+
+    ``per_channel`` also writes ``latents_mean`` / ``latents_std`` (diffusers' per-channel normalisation
+    ``(z - mean_c) * scaling_factor / std_c``, with ``scaling_factor`` then 1: the per-channel statistics
+    already standardise); a LoopVAE config only (``AutoencoderKL`` has no such keys)."""
     config_file = Path(folder) / "config.json"
     config = json.loads(config_file.read_text())
-    config["scaling_factor"] = stats.scaling_factor
+    if per_channel:
+        if config.get("_class_name") != "LoopVAE":
+            raise ValueError(f"{config_file}: per-channel latents_mean / latents_std are LoopVAE config keys; a "
+                             f"{config.get('_class_name')} gets shift_factor / scaling_factor only (drop --per-channel)")
+        config["latents_mean"], config["latents_std"] = stats.channel_mean, stats.channel_std
+    config["scaling_factor"] = 1.0 if per_channel else stats.scaling_factor
     config["shift_factor"] = stats.shift_factor
     if config.get("_class_name") == "LoopVAE":
         config["latent_statistics"] = stats.config_record()  # AutoencoderKL has no such key: it stays beside
@@ -150,7 +159,7 @@ def write_latent_statistics(folder: str | Path, stats: LatentStatistics) -> Path
 def latent_stats(
     checkpoint: str | Path, data: str, resolution: int = 256, limit: int | None = None, batch_size: int = 8,
     num_workers: int = 2, posterior: str = "sample", seed: int = 0, device: str = "cpu", dtype: str = "fp32",
-    write: bool = True, progress: bool = True,
+    write: bool = True, progress: bool = True, per_channel: bool = False,
 ) -> tuple[LatentStatistics, Path | None]:
     """Estimate the statistics of the release / diffusers folder (or run directory's ``release/``)
     ``checkpoint`` and, with ``write``, store them in its ``config.json``. Returns ``(stats, config path)``."""
@@ -163,4 +172,4 @@ def latent_stats(
                                        device, progress)
     log.info("latent statistics of %s over %d images: shift_factor %.6f, scaling_factor %.6f", folder,
              stats.num_images, stats.shift_factor, stats.scaling_factor)
-    return stats, write_latent_statistics(folder, stats) if write else None
+    return stats, write_latent_statistics(folder, stats, per_channel) if write else None

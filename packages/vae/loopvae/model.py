@@ -58,8 +58,9 @@ class LoopVAE(ReleaseLoadingMixin, ModelMixin, AutoencoderMixin, ConfigMixin):
             a SoftMoR mode fusing them before the transition (``query``; ``token`` the heavier router; see
             :data:`loopcore.FUSION_MODES`). Older configs said ``fusion: none|softmor`` plus ``fusion_mode``;
             they load as ``last`` / their ``fusion_mode``.
-        norm_groups: GroupNorm groups in the conv blocks, stem and heads (32; narrow models want
-            several channels per group, or the normalisation erases per-image colour statistics).
+        norm_num_groups: GroupNorm groups in the conv blocks, stem and heads (32; narrow models want
+            several channels per group, or the normalisation erases per-image colour statistics);
+            diffusers' name (``norm_groups`` in older configs).
         shortcuts: parameter-free DC-AE-style paths around the stem, transitions and heads (our
             addition; see :mod:`loopvae.layers`). ``False`` is the paper's architecture and the default;
             a ``config.json`` written before the key existed loads with ``True``, its old behaviour.
@@ -74,7 +75,11 @@ class LoopVAE(ReleaseLoadingMixin, ModelMixin, AutoencoderMixin, ConfigMixin):
             (``vae_scale_factor = 2 ** (len(block_out_channels) - 1)``): ``log2(latent_factor) + 1`` entries.
             Derived as ``[width] * (log2(latent_factor) + 1)`` when not given (and for configs saved before
             the key existed); a given value must have that length. Not used by the network itself.
-        tile_overlap_factor: tile overlap as a fraction of the tile side.
+        tile_overlap_factor: default tile overlap as a fraction of the tile side (``enable_tiling`` may set
+            another for the session without changing the config).
+        latents_mean, latents_std: per-channel latent statistics (diffusers' convention for per-channel
+            normalisation: ``z_model = (z - mean_c) * scaling_factor / std_c``), written by ``loopvae
+            latent-stats --per-channel``; ``None`` until estimated. Not used by the network.
     """
 
     _supports_gradient_checkpointing = True
@@ -100,7 +105,7 @@ class LoopVAE(ReleaseLoadingMixin, ModelMixin, AutoencoderMixin, ConfigMixin):
         decoder_windows: Sequence[int | None] | None = None,
         sharing: str = "global",
         fusion_mode: str = "last",
-        norm_groups: int = 32,
+        norm_num_groups: int = 32,
         shortcuts: bool = False,
         sample_size: int = 256,
         scaling_factor: float = 1.0,
@@ -109,6 +114,8 @@ class LoopVAE(ReleaseLoadingMixin, ModelMixin, AutoencoderMixin, ConfigMixin):
         tile_overlap_factor: float = 0.25,
         block_out_channels: Sequence[int] | None = None,
         latent_statistics: dict | None = None,
+        latents_mean: Sequence[float] | None = None,
+        latents_std: Sequence[float] | None = None,
     ) -> None:
         super().__init__()
         levels = int(latent_factor).bit_length()  # log2(f) + 1 for a power of two
@@ -144,7 +151,7 @@ class LoopVAE(ReleaseLoadingMixin, ModelMixin, AutoencoderMixin, ConfigMixin):
         core_kwargs = dict(
             num_blocks=num_blocks, block_type=block_type, num_heads=num_heads, mlp_ratio=mlp_ratio,
             kernel_size=kernel_size, expansion=expansion, sharing=sharing, fusion_mode=fusion_mode,
-            norm_groups=norm_groups,
+            norm_groups=norm_num_groups,
         )
         self.encoder = LoopEncoder(
             in_channels, width, encoder_passes, latents, shortcuts=shortcuts, windows=encoder_windows, **core_kwargs
@@ -152,11 +159,18 @@ class LoopVAE(ReleaseLoadingMixin, ModelMixin, AutoencoderMixin, ConfigMixin):
         self.decoder = LoopDecoder(
             out_channels, width, decoder_passes, latents, shortcuts=shortcuts, windows=decoder_windows, **core_kwargs
         )
+        for name, stats in (("latents_mean", latents_mean), ("latents_std", latents_std)):
+            if stats is not None and len(stats) != latent_channels:
+                raise ValueError(f"{name} has {len(stats)} entries; the latent has {latent_channels} channels")
+        if latents_std is not None and min(latents_std) <= 0:
+            raise ValueError(f"latents_std must be positive, got {list(latents_std)}")
         self.use_slicing = False
         self.use_tiling = False
         self.tile_sample_size = sample_size
+        self.tile_overlap_factor = tile_overlap_factor  # runtime setting (enable_tiling); the config keeps the default
 
-    RENAMED_KEYS = {"encoder_loops": RenamedKey("encoder_passes"), "decoder_loops": RenamedKey("decoder_passes")}
+    RENAMED_KEYS = {"encoder_loops": RenamedKey("encoder_passes"), "decoder_loops": RenamedKey("decoder_passes"),
+                    "norm_groups": RenamedKey("norm_num_groups")}
     LEGACY_FUSIONS = ("none", "softmor")
 
     @classmethod
@@ -202,23 +216,51 @@ class LoopVAE(ReleaseLoadingMixin, ModelMixin, AutoencoderMixin, ConfigMixin):
         """Weight of the final RGB conv, for the LDM adaptive GAN weight."""
         return self.decoder.head.conv_out.weight
 
-    def enable_tiling(self, tile_sample_size: int | None = None, tile_overlap_factor: float | None = None) -> None:
-        """Encode/decode images larger than ``tile_sample_size`` (default ``sample_size``) tile by tile."""
+    def enable_tiling(
+        self, use_tiling: bool = True, tile_sample_size: int | None = None, tile_overlap_factor: float | None = None,
+        *, tile_sample_min_height: int | None = None, tile_sample_min_width: int | None = None,
+        tile_sample_stride_height: int | None = None, tile_sample_stride_width: int | None = None,
+    ) -> None:
+        """Encode/decode images larger than ``tile_sample_size`` (default ``sample_size``) tile by tile.
+
+        Takes diffusers' call styles: ``enable_tiling()``, ``enable_tiling(True)`` / ``enable_tiling(False)`` (older
+        diffusers' ``use_tiling``), ``enable_tiling(tile_sample_size=256, tile_overlap_factor=0.25)`` and the newer
+        VAEs' ``tile_sample_min_height/width`` (square tiles) with ``tile_sample_stride_height/width`` (overlap =
+        1 - stride / tile). Settings last for this model object; ``config`` (and ``save_pretrained``) keep the
+        defaults.
+        """
+        if not isinstance(use_tiling, bool):
+            raise TypeError(f"enable_tiling's first argument is use_tiling (a bool), got {use_tiling!r}; pass the "
+                            "tile side as tile_sample_size=...")
+        heights = {v for v in (tile_sample_min_height, tile_sample_min_width) if v is not None}
+        strides = {v for v in (tile_sample_stride_height, tile_sample_stride_width) if v is not None}
+        if len(heights) > 1 or len(strides) > 1:
+            raise ValueError("LoopVAE tiles are square: give equal tile_sample_min_height/width and equal "
+                             "tile_sample_stride_height/width")
+        if heights:
+            if tile_sample_size is not None and tile_sample_size != next(iter(heights)):
+                raise ValueError("give the tile side once: tile_sample_size or tile_sample_min_height/width")
+            tile_sample_size = next(iter(heights))
+        if strides:
+            side = tile_sample_size or self.tile_sample_size
+            stride = next(iter(strides))
+            if not 0 < stride <= side:
+                raise ValueError(f"tile_sample_stride {stride} must be in (0, tile side {side}]")
+            tile_overlap_factor = 1 - stride / side
         if tile_sample_size is not None:
-            if tile_sample_size % max(self.latent_channels_by_factor):
-                raise ValueError(
-                    f"tile_sample_size {tile_sample_size} must be a multiple of {max(self.latent_channels_by_factor)}"
-                )
+            factor = max(self.latent_channels_by_factor)
+            if isinstance(tile_sample_size, bool) or tile_sample_size <= 0 or tile_sample_size % factor:
+                raise ValueError(f"tile_sample_size {tile_sample_size!r} must be a positive multiple of {factor}")
             self.tile_sample_size = tile_sample_size
         if tile_overlap_factor is not None:
             if not 0 <= tile_overlap_factor < 1:
                 raise ValueError(f"tile_overlap_factor must be in [0, 1), got {tile_overlap_factor}")
-            self.register_to_config(tile_overlap_factor=tile_overlap_factor)
-        self.use_tiling = True
+            self.tile_overlap_factor = tile_overlap_factor
+        self.use_tiling = use_tiling
 
     def _tile_geometry(self, factor: int) -> tuple[int, int]:
         tile = self.tile_sample_size
-        overlap = int(tile * self.config.tile_overlap_factor) // factor * factor
+        overlap = int(tile * self.tile_overlap_factor) // factor * factor
         return tile, overlap
 
     def _check_image(self, x: torch.Tensor, factor: int) -> None:

@@ -42,14 +42,14 @@ LOOPVAE_MULTI: dict[str, Any] = dict(
 # shortcuts=True ablation). The bundled trained model (assets/models/loopvae-cnn-tiny) has this config.
 LOOPVAE_CNN_TINY: dict[str, Any] = dict(
     width=48, num_blocks=2, block_type="conv", latent_channels=16, latent_factor=8,
-    encoder_passes=(1, 2, 4), decoder_passes=(1, 2, 4), sample_size=128, norm_groups=8,
+    encoder_passes=(1, 2, 4), decoder_passes=(1, 2, 4), sample_size=128, norm_num_groups=8,
 )
 
 # GPU-budget release model (make release-vae-gpu): the same graph at width 144, K=4, with the shortcuts
 # (144 is a multiple of 48, so every shortcut applies), 4.21M parameters.
 LOOPVAE_CNN_SMALL: dict[str, Any] = dict(
     width=144, num_blocks=4, block_type="conv", latent_channels=16, latent_factor=8,
-    encoder_passes=(1, 2, 4), decoder_passes=(1, 2, 4), sample_size=128, norm_groups=16, shortcuts=True,
+    encoder_passes=(1, 2, 4), decoder_passes=(1, 2, 4), sample_size=128, norm_num_groups=16, shortcuts=True,
 )
 
 

@@ -366,7 +366,15 @@ class Trainer(TrainingLoop):
     def card_facts(self) -> dict[str, Any]:
         """Model-card lines: MACs per 256² reconstruction and how to measure the metrics."""
         macs = reconstruction_macs(self.ema.module, 256)
-        return {"MACs per 256² reconstruction": f"{macs / 1e9:.2f} G (encode, sample, decode; batch 1)",
+        facts: dict[str, Any] = {}
+        if self.validation:
+            last = self.validation[-1]
+            dataset = f"validation ({last['num_images']} images, {self.config.eval_resolution}²)"
+            facts["metrics"] = {"validation PSNR (EMA weights)": f"{last['psnr']:.2f} dB on {last['num_images']} "
+                                                                 f"images (step {last['step']})"}
+            facts["results"] = [{"task": "image-to-image", "dataset": dataset, "type": "psnr", "name": "PSNR",
+                                 "value": last["psnr"]}]
+        return {**facts, "MACs per 256² reconstruction": f"{macs / 1e9:.2f} G (encode, sample, decode; batch 1)",
                 "training crops": f"{self.step} steps × {self.config.batch_size} × {self.config.grad_accum_steps} "
                                   f"micro-batch(es) × {self.ctx.world_size} rank(s) of {self.config.resolution}²",
                 "measure_command": "loopvae eval --checkpoint <this folder> --data <shards or image folder> --out DIR"}
