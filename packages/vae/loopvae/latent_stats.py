@@ -145,7 +145,8 @@ def write_latent_statistics(folder: str | Path, stats: LatentStatistics, per_cha
     if per_channel:
         if config.get("_class_name") != "LoopVAE":
             raise ValueError(f"{config_file}: per-channel latents_mean / latents_std are LoopVAE config keys; a "
-                             f"{config.get('_class_name')} gets shift_factor / scaling_factor only (drop --per-channel)")
+                             f"{config.get('_class_name')} gets shift_factor / scaling_factor only "
+                             "(drop --per-channel)")
         config["latents_mean"], config["latents_std"] = stats.channel_mean, stats.channel_std
     config["scaling_factor"] = 1.0 if per_channel else stats.scaling_factor
     config["shift_factor"] = stats.shift_factor
