@@ -52,15 +52,26 @@ def canonical_urls(urls: str | os.PathLike | Sequence[str | os.PathLike]) -> lis
 
 
 def _split_top_level(spec: str) -> list[str]:
-    """Split on commas, whitespace and ``::`` that are not inside ``{...}`` brace patterns.
+    """Split on commas, whitespace and ``::`` that are not inside ``{...}`` brace patterns or quotes.
 
-    ``pipe:`` commands contain spaces, so a specification starting with ``pipe:`` splits on ``::`` only.
+    A part in double or single quotes (``"my data/shard,1.tar"``) is one entry, spaces and commas included
+    (the quotes are removed). ``pipe:`` commands contain spaces, so a specification starting with ``pipe:``
+    splits on ``::`` only.
     """
     if spec.lstrip().startswith("pipe:"):
         return [p.strip() for p in spec.split("::") if p.strip()]
-    parts, depth, current = [], 0, []
+    parts, depth, current, quote = [], 0, [], None
     spec = spec.replace("::", " ")
     for ch in spec:
+        if quote is not None:
+            if ch == quote:
+                quote = None
+            else:
+                current.append(ch)
+            continue
+        if ch in "\"'" and depth == 0:
+            quote = ch
+            continue
         if ch == "{":
             depth += 1
         elif ch == "}":
@@ -70,15 +81,30 @@ def _split_top_level(spec: str) -> list[str]:
             current = []
         else:
             current.append(ch)
+    if quote is not None:
+        raise ValueError(f"unbalanced {quote} quote in the shard specification {spec!r}")
     parts.append("".join(current))
     return [p for p in parts if p]
+
+
+def _entries(item: str | os.PathLike) -> list[str]:
+    """The entries of one specification item: a ``Path`` (or a string naming an existing file or folder) is one
+    entry as it is, spaces and commas included; any other string is split by :func:`_split_top_level`."""
+    if not isinstance(item, str):
+        return [os.fspath(item)]
+    plain = item.strip() and is_local(item) and not _GLOB_CHARS.search(item) and "{" not in item
+    if plain and local_path(item).exists():
+        return [item]
+    return _split_top_level(item)
 
 
 def expand_urls(urls: str | os.PathLike | Sequence[str | os.PathLike], must_exist: bool = True) -> list[str]:
     """Expand a shard specification into an ordered list of shard URLs.
 
     Accepts one string or a list of strings/paths. Each string may hold several entries separated by
-    commas, whitespace or ``::`` (only ``::`` for ``pipe:`` commands). Each entry may be a brace pattern
+    commas, whitespace or ``::`` (only ``::`` for ``pipe:`` commands); a path holding spaces or commas is
+    given quoted (``'"my data/a.tar", other.tar'``), as a ``Path``, or as a string naming an existing file or
+    folder (taken whole). Each entry may be a brace pattern
     (``shard-{000000..000003}.tar``), a glob (``data/*.tar``, sorted), a directory (all its ``*.tar``,
     sorted), a folder of image files without shards (read recursively as ``folder:`` chunks, see
     :mod:`loopdata.folders`) or a plain path/URL. Non-local URLs (``http://``, ``pipe:`` ...) are passed
@@ -91,7 +117,7 @@ def expand_urls(urls: str | os.PathLike | Sequence[str | os.PathLike], must_exis
     items = [urls] if isinstance(urls, (str, os.PathLike)) else list(urls)
     result: list[str] = []
     for item in items:
-        for entry in _split_top_level(os.fspath(item)):
+        for entry in _entries(item):
             for url in braceexpand.braceexpand(entry):
                 if not is_local(url):
                     result.append(url)

@@ -1,8 +1,12 @@
 """Deterministic WebDataset shard writing with ``tarfile`` (original bytes, never re-encoded).
 
-webdataset's own ``ShardWriter`` re-encodes images, so shards are written here: members in sorted
-extension order per sample (``.cls``, ``.jpg``, ``.json``), mtime fixed at 2000-01-01, uid/gid 0, empty
-user/group names, mode 0644. The same inputs therefore give byte-identical shards and SHA-256 sums.
+webdataset's ``ShardWriter`` / ``TarWriter`` would pass ``bytes`` through unchanged too (1.0.2 encodes only
+non-bytes values) and take a fixed ``mtime`` / ``user`` / ``group``; they are not used because of what they
+lack: a shard is written to ``*.tar.partial`` and renamed when complete (a crash never leaves a truncated
+``.tar`` that looks finished), the size limit counts tar headers and padding (:func:`sample_tar_bytes`), keys
+are checked (no ``.`` or ``/``, no repeat), and members go in sorted extension order (``.cls``, ``.jpg``,
+``.json``) with mtime 2000-01-01, uid/gid 0, empty user/group names and mode 0644, so the same inputs give
+byte-identical shards and SHA-256 sums.
 """
 
 from __future__ import annotations

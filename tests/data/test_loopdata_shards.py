@@ -39,6 +39,25 @@ def test_expand_urls_braces_globs_lists_and_directories(four_shards):
     assert expand_urls("pipe:cat x.tar") == ["pipe:cat x.tar"]
 
 
+def test_paths_with_spaces_and_commas_are_readable_quoted_as_paths_or_whole(four_shards, tmp_path):
+    import shutil
+
+    odd = tmp_path / "my data, 2026"
+    odd.mkdir()
+    first = odd / "shard one,a.tar"
+    second = odd / "shard two.tar"
+    shutil.copy(four_shards[0], first)
+    shutil.copy(four_shards[1], second)
+    assert expand_urls(f'"{first}", "{second}"') == [str(first), str(second)]  # quoted
+    assert expand_urls(f"'{first}' {four_shards[2]}") == [str(first), four_shards[2]]
+    assert expand_urls([first, second]) == [str(first), str(second)]  # Path items are never split
+    assert expand_urls(str(first)) == [str(first)]  # an existing path is taken whole
+    assert expand_urls(str(odd)) == [str(first), str(second)]  # a folder with a comma in its name
+    assert shard_counts(expand_urls(f'"{first}"')) == [3]
+    with pytest.raises(ValueError, match="unbalanced"):
+        expand_urls(f'"{first}')
+
+
 def test_expand_urls_errors(four_shards, tmp_path):
     with pytest.raises(ValueError, match="matched no files"):
         expand_urls(str(tmp_path / "nothing-*.tar"))
