@@ -14,7 +14,7 @@ setup: $(STAMP)
 # constraints.txt the exact tested versions. torch/torchvision come from the local wheel store here.
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q pip==26.3
 	$(BIN)/python -m pip install -e '.[dev]' -c constraints.txt
 	touch $(STAMP)
 

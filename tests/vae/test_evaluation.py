@@ -212,3 +212,19 @@ def test_profile_times_the_tiny_model_and_splits_core_time(tmp_path: Path) -> No
     ratios = [analytic[k] * 101 for k in ("encoder 2x", "encoder 4x", "encoder 8x", "decoder 8x", "decoder 4x",
                                            "decoder 2x")]
     assert [round(r) for r in ratios] == [16, 8, 4, 1, 8, 64]
+
+
+def test_without_matplotlib_plots_are_skipped_with_the_extra_named(tiny_run, tmp_path: Path, monkeypatch,
+                                                                    caplog) -> None:
+    import sys
+
+    from looprun.plotting import PlotsUnavailable, pyplot
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed
+    with pytest.raises(PlotsUnavailable, match=r"loopvision\[plots\]"):
+        pyplot()
+    with caplog.at_level("WARNING"):
+        run_cli("intervene", "--checkpoint", str(tiny_run[0]), "--data", data_urls("val"), "--out",
+                str(tmp_path / "i"), "--limit", "2", "--resolution", "32", "--no-progress")
+    assert (tmp_path / "i" / "interventions.json").is_file() and not list((tmp_path / "i").glob("*.png"))
+    assert "loopvision[plots]" in caplog.text

@@ -22,6 +22,7 @@ import torch
 import loopdata
 from looprun.checkpoint import write_atomic
 from looprun.distributed import gather_objects, init_distributed, sum_across_ranks
+from looprun.plotting import plot_or_warn, pyplot
 from looprun.speed import compile_in_place
 
 from .loading import load_classifier
@@ -159,7 +160,8 @@ def evaluate(checkpoint: str | Path, data: str | list[str], out_dir: str | Path,
         out.mkdir(parents=True, exist_ok=True)
         write_atomic(out / "metrics.json", json.dumps(metrics, indent=2))
         if options.plot and metrics["by_steps"]:
-            plot_accuracy_vs_steps({"model": metrics["by_steps"]}, cfg.recursion, out / "accuracy_vs_steps.png")
+            plot_or_warn(plot_accuracy_vs_steps, {"model": metrics["by_steps"]}, cfg.recursion,
+                         out / "accuracy_vs_steps.png", log=log)
     return metrics
 
 
@@ -167,10 +169,7 @@ def plot_accuracy_vs_steps(
     curves: dict[str, dict[str, float]], horizon: int | None, path: str | Path, title: str = "top-1 vs steps"
 ) -> Path:
     """Plot ``{label: {steps: top1}}`` curves (log-2 step axis), with the training horizon marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(5, 3.5), dpi=120)
     for label, curve in curves.items():

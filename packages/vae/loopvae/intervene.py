@@ -23,6 +23,7 @@ from tqdm import tqdm
 import loopcore as lc
 import loopdata
 from looprun.checkpoint import write_atomic
+from looprun.plotting import plot_or_warn, pyplot
 from looprun.run_logger import setup_run_logging, teardown_run_logging
 from looprun.speed import prepare_for_speed, to_memory_format
 
@@ -146,10 +147,7 @@ def render_markdown(result: dict[str, Any]) -> str:
 
 def plot(result: dict[str, Any], out: Path) -> list[Path]:
     """PSNR vs retained passes (clipped and raw), bypass loss per pass, relative update per pass."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     base = result["baseline"]
     label = lambda st: f"{st['branch']} {st['scale']}"
@@ -225,7 +223,7 @@ def intervene(
                       weights=weights if loaded.kind == "run-checkpoint" else "release")
         write_atomic(out / "interventions.json", json.dumps(result, indent=2, allow_nan=False))
         write_atomic(out / "interventions.md", render_markdown(result))
-        plot(result, out)
+        plot_or_warn(plot, result, out, log=log)
         log.info("wrote %s", out / "interventions.md")
         return result
     finally:

@@ -11,6 +11,7 @@ core time, reported next to the analytic share (pixels x passes; 16:8:4:1:8:64 f
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -20,10 +21,13 @@ import torch
 from loopcore.flops import count_macs, count_parameters
 from loopcore.modulation import set_fused_blocks
 from looprun.memory import track_peak_memory
+from looprun.plotting import plot_or_warn, pyplot
 from looprun.speed import compile_in_place, prepare_for_speed, to_memory_format
 
 from .model import LoopVAE
 from .registry import create_model
+
+log = logging.getLogger("loopvae.profile")
 
 
 def _sync(device: torch.device) -> None:
@@ -209,10 +213,7 @@ def _labelled_scatter(ax, points: list[tuple[str, float, float]]) -> None:
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
     """Params vs MACs (every row) and params vs time (the rows timed side by side in this run), log axes."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     timed = [r for r in rows if r["ms_per_image"] is not None and r.get("variant", "eager") == "eager"]
     fig, axes = plt.subplots(1, 2 if timed else 1, figsize=(11 if timed else 5.5, 4.2), squeeze=False)
@@ -291,10 +292,7 @@ def render_quality(rows: list[dict[str, Any]]) -> str:
 
 def plot_quality(rows: list[dict[str, Any]], path: Path) -> None:
     """PSNR against MACs, parameters and (when timed) ms per image; Pareto rows circled."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     eager = [r for r in rows if r.get("variant", "eager") == "eager" and r.get("psnr") is not None]
     front = set(pareto_front({r["model"]: (r["params"], r["gmacs"], r["psnr"]) for r in eager}))
@@ -335,7 +333,7 @@ def profile(models: list[str], out_dir: str | Path, quality: str | Path | None =
     text = render_markdown(rows)
     if measured:
         text += "\n" + render_quality(rows)
-        plot_quality(rows, out / "quality.png")
+        plot_or_warn(plot_quality, rows, out / "quality.png", log=log)
     (out / "profile.md").write_text(text)
-    plot(rows, out / "profile.png")
+    plot_or_warn(plot, rows, out / "profile.png", log=log)
     return rows
