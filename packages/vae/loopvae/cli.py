@@ -9,8 +9,8 @@ from looprun.cli_errors import non_negative_int, positive_int
 from looprun.config import add_override_argument
 from looprun.speed import MEMORY_FORMATS, add_speed_arguments, apply_speed_arguments
 
-DATA_HELP = ("WebDataset shards (brace pattern, glob, directory of *.tar, comma-separated list) or a folder of "
-             "image files (read recursively, sorted)")
+DATA_HELP = ("WebDataset shards (brace pattern, glob, directory of *.tar, comma-separated list; quote a path that "
+             "holds spaces or commas) or a folder of image files (read recursively, sorted)")
 
 
 def _add_weights_and_dtype(p: argparse.ArgumentParser) -> None:
