@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup test lint demo bench bench-gpu study study-quick study-vae study-vae-report study-schedule study-schedule-report recipe-search-vae \
+.PHONY: setup test lint demo bench bench-gpu study study-report study-quick study-vae study-vae-report study-schedule study-schedule-report recipe-search-vae \
 	release-vae release-vae-gpu-prepare release-vae-gpu clean
 
 setup: $(STAMP)
@@ -39,6 +39,10 @@ bench-gpu: setup
 # -> docs/study_recursion.md; finished runs in runs/study are reused.
 study: setup
 	$(BIN)/python benchmarks/study_recursion.py --out docs/study_recursion.md
+
+# Re-render docs/study_recursion.md and its plots from the committed results.json (no training).
+study-report: setup
+	$(BIN)/python benchmarks/study_recursion.py --report-only
 
 # The same study at 1 seed, 200 steps and 2,000 test images (a check, ~15 minutes) -> runs/study-quick/.
 study-quick: setup

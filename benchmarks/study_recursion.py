@@ -327,7 +327,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", default=None, help="comma-separated seeds, e.g. 0,1,2 (the first one sweeps)")
     parser.add_argument("--lr-grid", default=None, help="comma-separated learning rates of the sweep")
     parser.add_argument("--eval-images", type=int, default=None, help="test images to evaluate (default: all)")
+    parser.add_argument("--report-only", action="store_true",
+                        help="re-render the report and plots from its committed results.json (no training)")
     args = parser.parse_args(argv)
+    if args.report_only:
+        out = Path(args.out or "docs/study_recursion.md")
+        saved = json.loads((out.with_suffix("") / "results.json").read_text())
+        write_report(saved["runs"], saved["picks"], study_arms(), saved["settings"], out, "make study",
+                     saved["run_info"])
+        print(f"wrote {out} from {out.with_suffix('') / 'results.json'}")
+        return 0
     data = Path(args.data) if args.data else (loopdata.find_shared_data() or Path("missing")) / "cifar10"
     train_urls, test_urls = data / "cifar10-train-000000.tar", data / "cifar10-test-000000.tar"
     if not train_urls.is_file() or not test_urls.is_file():

@@ -2,19 +2,24 @@
 
 :func:`summarise` turns the per-run ``result.json`` records into per-arm seed statistics; :func:`reading` writes
 every sentence from those statistics with its condition stated, so different numbers give different sentences
-(``tests/classifier/test_study_recursion_reading.py`` checks that). Differences between arms are *called* only
-when they exceed the seed spread: ``|mean_a - mean_b| > 2 * sqrt(sd_a^2 / n_a + sd_b^2 / n_b)`` (two standard
-errors of the difference of seed means); with one seed nothing is called.
+(``tests/classifier/test_study_recursion.py`` checks that). Arms share seeds (initialisation and data order), so a
+comparison pairs them by seed: the mean of the per-seed differences with a 95% t-interval, df = seeds - 1
+(:func:`paired_stats.paired_difference`, the helper the LoopVAE study reports use too), and a verdict: better,
+worse or inconclusive. An inconclusive difference is never read as equality.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from paired_stats import PairedDifference, paired_difference  # noqa: E402
 
 FLAT_FRACTION = 0.10  # a loss curve counts as flattened when its last 20% of steps make < 10% of its total decrease
 CHANCE = 10.0  # CIFAR-10 top-1 (%) of a constant guess
@@ -26,9 +31,14 @@ ROUTER_MARGIN = 0.05  # a router "favours" a step when that step's mean weight e
 # -- statistics -----------------------------------------------------------------------------------------
 @dataclass
 class Stat:
-    """Seed values of one quantity; ``mean`` and the sample s.d. (0 for one seed)."""
+    """Seed values of one quantity (``seeds``: which seed each came from; default 0, 1, ...); ``mean`` and the
+    sample s.d. (0 for one seed)."""
 
     values: list[float]
+    seeds: list[int] = field(default_factory=list)
+
+    def by_seed(self) -> dict[int, float]:
+        return dict(zip(self.seeds or range(self.n), self.values, strict=True))
 
     @property
     def n(self) -> int:
@@ -53,30 +63,46 @@ class Stat:
 
 @dataclass
 class Comparison:
-    delta: float  # mean_a - mean_b
-    threshold: float  # two standard errors of the difference (inf with one seed)
+    """``a - b`` paired by seed: the mean difference, its 95% t-interval and the verdict."""
+
+    paired: PairedDifference
+
+    @property
+    def delta(self) -> float:
+        return self.paired.mean
+
+    @property
+    def verdict(self) -> str:
+        return self.paired.verdict
 
     @property
     def called(self) -> bool:
-        return abs(self.delta) > self.threshold
+        """The interval excludes 0 (better or worse)."""
+        return self.paired.verdict != "inconclusive"
 
-    def text(self, unit: str = " points") -> str:
-        if math.isinf(self.threshold):
-            return f"{self.delta:+.2f}{unit} (one seed: not called)"
-        verdict = "beyond" if self.called else "within"
-        return f"{self.delta:+.2f}{unit} ({verdict} the seed spread, ±{self.threshold:.2f})"
+    def text(self, unit: str = " points", words: tuple[str, str] = ("better", "worse")) -> str:
+        """``words``: what ``a - b > 0`` and ``< 0`` mean for this quantity (``("higher", "lower")`` for a loss)."""
+        p = self.paired
+        if p.low is None:
+            return f"{p.mean:+.2f}{unit} (one seed pair, no interval: inconclusive)"
+        verdict = {"better": words[0], "worse": words[1]}.get(p.verdict, p.verdict)
+        return (f"{p.mean:+.2f}{unit} [{p.low:+.2f}, {p.high:+.2f}] (paired by seed, 95% t, n = {p.n}; "
+                f"{p.wins}/{p.n} higher: {verdict})")
 
 
 def compare(a: Stat, b: Stat) -> Comparison:
-    """``a - b`` with the threshold of the module docstring."""
-    if a.n < 2 or b.n < 2:
-        return Comparison(a.mean - b.mean, math.inf)
-    return Comparison(a.mean - b.mean, 2 * math.sqrt(a.sd ** 2 / a.n + b.sd ** 2 / b.n))
+    """``a - b`` paired over the seeds both have (see the module docstring)."""
+    x, y = a.by_seed(), b.by_seed()
+    shared = sorted(set(x) & set(y))
+    if not shared:
+        raise ValueError("the two arms share no seed: nothing to pair")
+    return Comparison(paired_difference([x[s] for s in shared], [y[s] for s in shared]))
 
 
 def order(stats: list[Stat]) -> str:
-    """``rises`` / ``falls`` when the means are monotone (non-strictly) and the ends differ beyond the spread;
-    ``mixed`` when the ends differ but the means are not monotone; else ``flat``."""
+    """``rises`` / ``falls`` when the means are monotone (non-strictly) and the last differs from the first
+    (paired: better / worse); ``mixed`` when they differ but the means are not monotone; else ``flat`` (the
+    ends are inconclusive, which is not the same as equal)."""
     means = [s.mean for s in stats]
     ends = compare(stats[-1], stats[0])
     if not ends.called:
@@ -108,6 +134,9 @@ def summarise(results: dict[str, dict], picks: dict[str, dict], arms: list, sett
         lr = picks[arm.group]["lr"]
         runs = [results[f"{arm.name}-lr{lr:g}-s{seed}"] for seed in settings["seeds"]]
         good = [r for r in runs if not r["diverged"]]
+        seeds = [int(r["seed"]) for r in good]
+        stat = lambda values, seeds=seeds: Stat(values, list(seeds))  # values in the order of `good`
+
         entry: dict[str, Any] = {"arm": arm.name, "section": arm.section, "group": arm.group, "lr": lr,
                                  "model": arm.model, "extra": list(arm.extra), "horizon": arm.horizon,
                                  "block_evaluations": arm.block_evaluations, "diverged": len(runs) - len(good),
@@ -115,18 +144,18 @@ def summarise(results: dict[str, dict], picks: dict[str, dict], arms: list, sett
         if good:
             entry.update({
                 "parameters": good[0]["parameters"], "epochs": good[0]["epochs"],
-                "top1": Stat([100 * r["top1"] for r in good]), "top5": Stat([100 * r["top5"] for r in good]),
-                "final_loss": Stat([r["final_train_loss"] for r in good]),
-                "flattening": Stat([flattening(r["loss_curve"], r["steps"]) for r in good]),
-                "train_seconds": Stat([r["train_seconds"] for r in good]),
+                "top1": stat([100 * r["top1"] for r in good]), "top5": stat([100 * r["top5"] for r in good]),
+                "final_loss": stat([r["final_train_loss"] for r in good]),
+                "flattening": stat([flattening(r["loss_curve"], r["steps"]) for r in good]),
+                "train_seconds": stat([r["train_seconds"] for r in good]),
                 "loss_curve": mean_curve([r["loss_curve"] for r in good]),
-                "by_steps": {k: Stat([100 * r["by_steps"][k] for r in good]) for k in good[0]["by_steps"]},
+                "by_steps": {k: stat([100 * r["by_steps"][k] for r in good]) for k in good[0]["by_steps"]},
             })
             for key in ("state_norms", "direction_change", "router_entropy"):
                 if key in good[0]:
-                    entry[key] = [Stat([r[key][i] for r in good]) for i in range(len(good[0][key]))]
+                    entry[key] = [stat([r[key][i] for r in good]) for i in range(len(good[0][key]))]
             if "router_weights" in good[0]:
-                entry["router_weights"] = [[Stat([r["router_weights"][j][i] for r in good])
+                entry["router_weights"] = [[stat([r["router_weights"][j][i] for r in good])
                                             for i in range(len(good[0]["router_weights"][j]))]
                                            for j in range(len(good[0]["router_weights"]))]
             if good[0].get("entropy_curve"):
@@ -160,9 +189,11 @@ def reading(summary: dict[str, Any], picks: dict[str, dict], settings: dict, lr_
     s = summary
     lines = ["## Reading (computed from the tables above; chance is 10%)", ""]
     seeds = min(e["seeds"] for e in s.values())
-    lines.append(f"- **Noise.** {seeds} seed(s) per arm; a difference is called only when it exceeds two standard "
-                 "errors of the difference of seed means"
-                 + (" (with one seed nothing is called)." if seeds < 2 else "."))
+    lines.append(f"- **Statistics.** {seeds} seed(s) per arm, shared by every arm (the same initialisation seed and "
+                 "data order), so every comparison is paired by seed: the mean of the per-seed differences with a "
+                 f"95% t-interval (df = {seeds - 1}) and a verdict, better / worse when the interval excludes 0, else "
+                 "inconclusive. Inconclusive means the data cannot tell, not that the arms are equal; with "
+                 f"{seeds} seeds only consistent differences several times the seed-to-seed wobble are resolved.")
     # learning rates
     parts = []
     for group, pick in picks.items():
@@ -190,11 +221,13 @@ def reading(summary: dict[str, Any], picks: dict[str, dict], settings: dict, lr_
     lines.append(
         f"- **Training loss vs R** (query fusion; R=1 {loss_r[0].fmt(3)}, R=2 {loss_r[1].fmt(3)}, R=4 "
         f"{loss_r[2].fmt(3)}): " + {
-            "rises": "it rises with R beyond the seed spread: the deeper unrolled nets fit the training set worse "
+            "rises": "it rises with R (R=4 − R=1 paired: higher): the deeper unrolled nets fit the training set worse "
                      "in this budget.",
-            "falls": "it falls with R beyond the seed spread: the deeper unrolled nets fit the training set better.",
-            "mixed": "R=4 differs from R=1 beyond the seed spread but not monotonically.",
-            "flat": "no difference between R=1 and R=4 beyond the seed spread."}[trend])
+            "falls": "it falls with R (R=4 − R=1 paired: lower): the deeper unrolled nets fit the training set "
+                     "better.",
+            "mixed": "R=4 differs from R=1 (paired) but not monotonically.",
+            "flat": "R=4 − R=1 is inconclusive (paired by seed)."}[trend]
+        + f" R=4 − R=1: {compare(loss_r[2], loss_r[0]).text(unit='', words=('higher', 'lower'))}.")
     # SR-ViT accuracy
     r1 = s["srvit-R1-last"]["top1"]
     sentences = []
@@ -202,7 +235,7 @@ def reading(summary: dict[str, Any], picks: dict[str, dict], settings: dict, lr_
         stats = [r1, s[f"srvit-R2-{mode}"]["top1"], s[f"srvit-R4-{mode}"]["top1"]]
         sentences.append(f"`{mode}` {stats[1].fmt()} / {stats[2].fmt()} at R=2/4: " + {
             "rises": "rises with R", "falls": "falls with R", "mixed": "not monotone in R",
-            "flat": "no change from R=1 beyond the spread"}[order(stats)])
+            "flat": "R=4 − R=1 inconclusive"}[order(stats)] + f" (R=4 − R=1 {compare(stats[2], r1).text()})")
     lines.append(f"- **Top-1 vs R** (R=1 {r1.fmt()}%): " + "; ".join(sentences) + ". The paper reports SR-ViT-S "
                  "rising 79.83 → 82.48 on ImageNet-1K for R = 1 → 4.")
     fusion = []
@@ -230,21 +263,26 @@ def reading(summary: dict[str, Any], picks: dict[str, dict], settings: dict, lr_
                            f"(mean weight there {share:.2f}, uniform = {1 / r:.2f}); entropy {ent:.2f} of "
                            f"ln {r} = {math.log(r):.2f} nats")
     if routers:
-        lines.append("- **What the trained routers favour** (test images, all tokens): " + "; ".join(routers) + ".")
+        uniform = [r.split(":")[0] for r in routers if "near uniform" in r]
+        lines.append("- **What the trained routers favour** (test images, all tokens): " + "; ".join(routers) + "."
+                     + (f" Near-uniform routers ({', '.join(uniform)}) weigh every step about equally: they act as "
+                        "`mean` fusion, so a gain of these arms over `last` cannot be credited to token-wise routing "
+                        "unless a `mean` (and `global`) arm at the same budget is run beside them."
+                        if uniform else ""))
     # deep supervision
     plain, deep = s["bvit-euler"]["by_steps"], s["bvit-euler-ds3"]["by_steps"]
     keys = sorted(plain, key=int)
     at, far = keys[0], keys[-1]
-    drop_plain = Stat([a - b for a, b in zip(plain[at].values, plain[far].values)])
-    drop_deep = Stat([a - b for a, b in zip(deep[at].values, deep[far].values)])
+    drop_plain = Stat([a - b for a, b in zip(plain[at].values, plain[far].values)], plain[at].seeds)
+    drop_deep = Stat([a - b for a, b in zip(deep[at].values, deep[far].values)], deep[at].seeds)
     graceful = compare(drop_plain, drop_deep)
     lines.append(
         f"- **Deep supervision** (bViT, T={at}). At the horizon: {compare(deep[at], plain[at]).text()} (the paper: "
         f"no nominal gain). Run to {far} steps the plain bViT loses {drop_plain.fmt()} points and the supervised "
-        f"one {drop_deep.fmt()}: " + ("graceful degradation appears (the supervised one loses less, beyond the "
-                                       "spread)." if graceful.called and graceful.delta > 0 else
-                                       "no difference in degradation beyond the spread." if not graceful.called else
-                                       "the supervised one degrades more, beyond the spread.")
+        f"one {drop_deep.fmt()} (plain's drop − supervised's drop {graceful.text(words=('larger', 'smaller'))}): "
+        + ("graceful degradation appears (the supervised one loses less)." if graceful.verdict == "better" else
+           "inconclusive whether supervision changes the degradation." if not graceful.called else
+           "the supervised one degrades more.")
         + (f" The paper's collapse to near chance without supervision appears ({plain[far].fmt()}% at {far} steps)."
            if plain[far].mean < NEAR_CHANCE else
            f" The paper's collapse to near chance without supervision does not appear ({plain[far].fmt()}% at "
@@ -264,8 +302,8 @@ def reading(summary: dict[str, Any], picks: dict[str, dict], settings: dict, lr_
     cost = compare(euler, black)
     lines.append(
         f"- **Black-box field.** Euler − black-box {cost.text()}"
-        + (": the paper's few-point cost of `z' = F(z)` appears." if cost.called and cost.delta > 0 else
-           ": the paper's few-point cost of `z' = F(z)` does not appear beyond the spread." if not cost.called else
+        + (": the paper's few-point cost of `z' = F(z)` appears." if cost.verdict == "better" else
+           ": inconclusive whether the paper's few-point cost of `z' = F(z)` is there." if not cost.called else
            ": black-box is better here, unlike the paper.")
         + f" Its state norm grows ×{growth:.2f} per step over the 12 training steps (Euler: ×{euler_growth:.2f}), "
         f"from {norms[1]:.3g} to {norms[12]:.3g}; "
@@ -274,6 +312,27 @@ def reading(summary: dict[str, Any], picks: dict[str, dict], settings: dict, lr_
            if stops is not None and stops < 12 else
            "every training step still turns the normalised state by ≥ 1%.")
     )
+    # matched FLOPs: a 12-block ViT and bViT's one block applied 12 times cost the same block evaluations
+    vit, bvit = s["srvit-R1-last"], s["bvit-euler"]
+    if "top1" in vit and "top1" in bvit:
+        flops = compare(vit["top1"], bvit["top1"])
+        lines.append(
+            f"- **Matched FLOPs** ({vit['block_evaluations']} block evaluations "
+            f"each): the 12-block ViT − bViT (Euler, T=12) {flops.text()}; the ViT stores "
+            f"{vit['parameters'] / bvit['parameters']:.1f}× the parameters. "
+            + ("Standard ViTs win at matched FLOPs, as Training Crossroads finds." if flops.verdict == "better" else
+               "bViT wins at matched FLOPs here, unlike Training Crossroads." if flops.called else
+               "Inconclusive at matched FLOPs."))
+    # what this budget can and cannot test
+    r4 = s["srvit-R4-query"]["top1"]
+    lines.append(
+        f"- **What this budget can and cannot test.** At top-1 ≈ {r1.mean:.0f}% (R=1) after "
+        f"{settings['steps']} steps, the study compares arms early in training: it can test which arm learns faster "
+        f"at equal steps (R=4 query − R=1 {compare(r4, r1).text()}), not the papers' converged ImageNet / "
+        "CIFAR-100 accuracies. Not run here: `mean` / `global` fusion, an lr sweep of its own for `last` and "
+        "`token` (they reuse the lr picked for `query`'s depth group), bViT at other T, the trained Euler and Heun "
+        "bViTs evaluated with the other solver, and per-step top-1 curves of every bViT arm; conclusions that need "
+        "those controls are not drawn above.")
     return lines + [""]
 
 

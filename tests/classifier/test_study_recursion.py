@@ -69,16 +69,23 @@ def _line(lines: list[str], start: str) -> str:
     return next(line for line in lines if line.startswith(start))
 
 
-def test_differences_are_called_only_beyond_the_seed_spread() -> None:
+def test_differences_are_paired_by_seed_with_three_verdicts() -> None:
     a, b = Stat([40.0, 40.2, 39.8]), Stat([35.0, 35.2, 34.8])
-    assert compare(a, b).called and compare(a, b).delta == pytest.approx(5.0)
-    assert not compare(Stat([40.0, 45.0, 35.0]), Stat([38.0, 43.0, 33.0])).called
+    assert compare(a, b).verdict == "better" and compare(a, b).delta == pytest.approx(5.0)
+    assert compare(b, a).verdict == "worse"
+    # a large seed spread that moves both arms together: paired, the +2 on every seed is resolved
+    assert compare(Stat([40.0, 45.0, 35.0]), Stat([38.0, 43.0, 33.0])).verdict == "better"
+    # differences that change sign across seeds: inconclusive, never "equal"
+    noisy = compare(Stat([40.0, 45.0, 35.0]), Stat([38.0, 46.0, 31.0]))
+    assert noisy.verdict == "inconclusive" and "inconclusive" in noisy.text() and "[" in noisy.text()
+    # pairs are matched by seed, not by position
+    assert compare(Stat([1.0, 2.0, 3.0], [0, 1, 2]), Stat([2.9, 0.9, 1.9], [2, 0, 1])).delta == pytest.approx(0.1)
     one_seed = compare(Stat([40.0]), Stat([30.0]))
-    assert not one_seed.called and "one seed" in one_seed.text()
+    assert not one_seed.called and "one seed pair" in one_seed.text()
     assert order([Stat([1.0, 1.1, 0.9]), Stat([2.0, 2.1, 1.9]), Stat([3.0, 3.1, 2.9])]) == "rises"
     assert order([Stat([3.0, 3.1, 2.9]), Stat([2.0, 2.1, 1.9]), Stat([1.0, 1.1, 0.9])]) == "falls"
     assert order([Stat([1.0, 1.1, 0.9]), Stat([5.0, 5.1, 4.9]), Stat([3.0, 3.1, 2.9])]) == "mixed"
-    assert order([Stat([1.0, 2.0, 0.0]), Stat([1.0, 1.1, 0.9]), Stat([1.2, 2.2, 0.2])]) == "flat"
+    assert order([Stat([1.0, 2.0, 0.0]), Stat([1.0, 1.1, 0.9]), Stat([1.5, 1.6, 0.1])]) == "flat"
     assert Stat([1.0, 2.0, 3.0]).sd == pytest.approx(1.0) and Stat([4.0]).sd == 0.0
 
 
@@ -86,16 +93,17 @@ def test_depth_trend_and_fusion_sentences_follow_the_numbers() -> None:
     rising = _line(_reading(*_study(r4_top1=(40.0, 40.5, 39.5))), "- **Top-1 vs R**")
     assert "`query` 36.30 ± 0.30 / 40.00 ± 0.50 at R=2/4: rises with R" in rising
     flat = _line(_reading(*_study(r4_top1=(35.0, 35.6, 35.3))), "- **Top-1 vs R**")
-    assert "rises with R" not in flat and "`query` 36.30 ± 0.30 / 35.30 ± 0.30 at R=2/4: no change from R=1" in flat
+    assert "rises with R" not in flat and "`query` 36.30 ± 0.30 / 35.30 ± 0.30 at R=2/4: R=4 − R=1 inconclusive" in flat
     mixed = _line(_reading(*_study(r4_top1=(30.0, 30.3, 30.6))), "- **Top-1 vs R**")
     assert "not monotone in R" in mixed and "falls" not in mixed
     falling = _line(_reading(*_study(r4_top1=(30.0, 30.3, 30.6), r2_top1=(33.0, 33.3, 33.6))), "- **Top-1 vs R**")
     assert "`last` 33.30 ± 0.30 / 30.30 ± 0.30 at R=2/4: falls with R" in falling
     fusion = _line(_reading(*_study()), "- **SoftMoR vs plain recursion**")
-    assert "R=4: token − last +0.00 points (within the seed spread" in fusion
+    assert "R=4: token − last +0.00 points [+0.00, +0.00] (paired by seed, 95% t, n = 3; 0/3 higher: inconclusive)" \
+        in fusion
     loss = _line(_reading(*_study(r4_loss=1.8)), "- **Training loss vs R**")
-    assert "rises with R beyond the seed spread" in loss
-    assert "no difference" in _line(_reading(*_study(r4_loss=1.5)), "- **Training loss vs R**")
+    assert "rises with R (R=4 − R=1 paired: higher)" in loss
+    assert "inconclusive" in _line(_reading(*_study(r4_loss=1.5)), "- **Training loss vs R**")
 
 
 def test_horizon_and_blackbox_sentences_follow_the_numbers() -> None:
@@ -103,12 +111,31 @@ def test_horizon_and_blackbox_sentences_follow_the_numbers() -> None:
     assert "graceful degradation appears" in collapse
     assert "collapse to near chance without supervision appears" in collapse
     even = _line(_reading(*_study(plain_far=(35.0, 35.2, 35.4))), "- **Deep supervision**")
-    assert "no difference in degradation" in even and "does not appear" in even
+    assert "inconclusive whether supervision changes the degradation" in even and "does not appear" in even
     black = _line(_reading(*_study(blackbox_growth=2.0, blackbox_top1=30.0)), "- **Black-box field.**")
     assert "grows ×2.00 per step" in black and "cost of `z' = F(z)` appears" in black
     assert "effectively shallower" in black
     same = _line(_reading(*_study(blackbox_growth=1.05, blackbox_top1=36.0)), "- **Black-box field.**")
-    assert "does not appear beyond the spread" in same and "×1.05" in same
+    assert "inconclusive whether the paper's few-point cost" in same and "×1.05" in same
+
+
+def test_matched_flops_router_uniformity_and_budget_sentences() -> None:
+    results, picks = _study()
+    flops = _line(_reading(results, picks), "- **Matched FLOPs**")
+    assert "12-block ViT − bViT (Euler, T=12) -1.00 points" in flops and "worse" in flops
+    assert "bViT wins at matched FLOPs here" in flops
+    for r in results.values():
+        if r["arm"] == "bvit-euler":
+            r["top1"] -= 0.05 + 0.001 * r["seed"]  # now the ViT is ahead on every seed
+    assert "Standard ViTs win at matched FLOPs" in _line(_reading(results, picks), "- **Matched FLOPs**")
+    for r in results.values():
+        if "router_weights" in r:
+            k = len(r["router_weights"][0])
+            r["router_weights"] = [[1 / k] * k for _ in range(12)]
+    router = _line(_reading(results, picks), "- **What the trained routers favour**")
+    assert "act as `mean` fusion" in router and "cannot be credited to token-wise routing" in router
+    budget = _line(_reading(results, picks), "- **What this budget can and cannot test.**")
+    assert "`mean` / `global` fusion" in budget and "R=4 query − R=1" in budget
 
 
 def test_router_and_lr_sentences() -> None:
