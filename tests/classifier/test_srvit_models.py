@@ -363,3 +363,19 @@ def test_every_registered_model_trains_at_tiny_size(name: str) -> None:
     unused = [n for n, p in model.named_parameters() if p.grad is None]
     assert not unused, unused[:5]
     assert all(torch.isfinite(p.grad).all() for p in model.parameters()), name
+
+
+@torch.no_grad()
+def test_use_solver_swaps_the_solver_at_evaluation_exactly() -> None:
+    kwargs = dict(img_size=16, patch_size=4, num_classes=5, embed_dim=24, num_heads=2, depth=1)
+    euler = srvit.create_model("bvit-s", steps=4, **kwargs).eval()
+    heun = srvit.create_model("bvit-s", steps=4, solver="heun", step_size=0.5, **kwargs).eval()
+    heun.load_state_dict(euler.state_dict())
+    x = torch.rand(2, 3, 16, 16)
+    plain = euler(x)
+    solver = euler.use_solver("heun", 0.5)
+    assert (solver.method, solver.step_size) == ("heun", 0.5) and euler.config.solver == "euler"
+    assert torch.equal(euler(x), heun(x)) and not torch.allclose(euler(x), plain)
+    assert euler.applications == 2 * heun.config.depth * heun.config.recursion
+    euler.use_solver("euler", 1.0)
+    assert torch.equal(euler(x), plain)

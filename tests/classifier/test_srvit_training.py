@@ -116,6 +116,14 @@ def test_cli_train_then_eval_writes_top1_top5_and_by_steps(kodak_labelled, tmp_p
         assert (eval_dir / "accuracy_vs_steps.png").stat().st_size > 1000
     release_metrics = json.loads((tmp_path / "eval-release" / "metrics.json").read_text())
     assert release_metrics["top1"] == summary["validation"][-1]["top1"]  # release = the EMA weights validated
+    # the Euler-trained bViT evaluated with Heun at equal integration time (3 steps of h = 1 -> 3 of h = 1 with 2
+    # evaluations each; 6 steps of h = 0.5 spans the same time): a runtime swap, the config keeps the trained solver
+    run_cli("eval", "--checkpoint", str(out / "release"), "--data", kodak_labelled, "--out", str(tmp_path / "heun"),
+            "--steps", "3,6", "--resolution", "32", "--batch-size", "8", "--solver", "heun", "--step-size", "0.5")
+    heun = json.loads((tmp_path / "heun" / "metrics.json").read_text())
+    assert (heun["model"]["solver"], heun["model"]["eval_solver"], heun["model"]["eval_step_size"]) == \
+        ("euler", "heun", 0.5)
+    assert set(heun["by_steps"]) == {"3", "6"}
 
 
 def test_eval_reports_a_missing_checkpoint_clearly(tmp_path: Path, kodak_labelled) -> None:

@@ -83,6 +83,11 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--skip-corrupt", action="store_true",
                    help="skip undecodable or oversized images (counted in metrics.json) instead of stopping")
     p.add_argument("--device", default="auto")
+    p.add_argument("--solver", choices=("euler", "heun", "rk4", "blackbox"), default=None,
+                   help="evaluate with this ODE solver instead of the trained one (e.g. a Euler-trained bViT with "
+                        "heun)")
+    p.add_argument("--step-size", type=float, default=None,
+                   help="solver step size h at evaluation (integration time = steps x h; default: the trained h)")
     add_speed_arguments(p, memory_format=False)
 
 
@@ -92,7 +97,7 @@ def _eval(args: argparse.Namespace) -> int:
     options = EvalOptions(
         steps=args.steps, batch_size=args.batch_size, num_workers=args.num_workers, resolution=args.resolution,
         protocol=args.protocol, limit=args.limit, weights=args.weights, device=args.device,
-        skip_corrupt=args.skip_corrupt, compile=args.compile,
+        skip_corrupt=args.skip_corrupt, compile=args.compile, solver=args.solver, step_size=args.step_size,
     )
     try:
         metrics = evaluate(args.checkpoint, args.data, args.out, options)

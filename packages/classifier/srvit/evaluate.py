@@ -117,6 +117,8 @@ class EvalOptions:
     plot: bool = True
     skip_corrupt: bool = False
     compile: bool = False  # torch.compile the classifier (each evaluated step count compiles once)
+    solver: str | None = None  # evaluate with this solver instead of the trained one (euler | heun | rk4 | blackbox)
+    step_size: float | None = None  # ... and / or this step size h (integration time = steps x h)
 
 
 def evaluate(checkpoint: str | Path, data: str | list[str], out_dir: str | Path, options: EvalOptions) -> dict:
@@ -124,6 +126,10 @@ def evaluate(checkpoint: str | Path, data: str | list[str], out_dir: str | Path,
     ctx = init_distributed(options.device)
     loaded = load_classifier(checkpoint, options.weights)
     model = loaded.model.to(ctx.device)
+    trained_solver = (model.config.solver, model.config.step_size)
+    if options.solver is not None or options.step_size is not None:
+        solver = model.use_solver(options.solver, options.step_size)
+        log.info("evaluating with %s, h = %g (trained: %s, h = %g)", solver.method, solver.step_size, *trained_solver)
     if options.compile:
         compile_in_place(model)
     cfg = model.config
@@ -149,6 +155,7 @@ def evaluate(checkpoint: str | Path, data: str | list[str], out_dir: str | Path,
         "training_horizon": cfg.recursion,
         "model": {"family": cfg.family, "depth": cfg.depth, "embed_dim": cfg.embed_dim, "recursion": cfg.recursion,
                   "fusion_mode": cfg.fusion_mode, "solver": cfg.solver, "step_size": cfg.step_size,
+                  "eval_solver": model.solver.method, "eval_step_size": model.solver.step_size,
                   "parameters": sum(p.numel() for p in model.parameters())},
         "checkpoint": loaded.source, "kind": loaded.kind, "weights": loaded.weights, "step": loaded.step,
         "weights_sha256": loaded.weights_sha256,

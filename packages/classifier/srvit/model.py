@@ -467,6 +467,15 @@ class RecursiveViT(TimmClassifierSurface, ReleaseLoadingMixin, ModelMixin, Confi
             return intermediates
         return self.norm(last), intermediates
 
+    def use_solver(self, method: str | None = None, step_size: float | None = None) -> lc.ODESolver:
+        """Evaluate with another solver and / or step size than the one trained (``None`` keeps the trained one):
+        e.g. a bViT trained with Euler run with Heun at equal integration time. A runtime setting (the config
+        keeps the trained solver); returns the solver now in use. Each pass is one step of it."""
+        solver = lc.ODESolver(method or self.solver.method, self.solver.step_size if step_size is None else step_size)
+        self.solver = solver
+        self.engine.solver = solver
+        return solver
+
     @property
     def pretrained_cfg(self) -> dict:
         """timm's pretrained config of these weights (input size, normalisation, crop, classifier names), from
