@@ -183,6 +183,10 @@ def measure(arms, runs: Path, data, timings, steps: int, eval_limit: int | None 
     start = time.perf_counter()
     images, _ = held_out_images(data, eval_limit)
     anytime_models = {a.run_name(0): models[a.name] for a in arms if a.name in ("paper", "paper-ds")}
+    from loopvae.demo import bundled_model_dir
+
+    # the bundled model (7,500 steps, no deep supervision): what a user decodes with today
+    anytime_models["bundled loopvae-cnn-tiny"] = load_release_folder(bundled_model_dir())
     anytime = anytime_table(anytime_models, images)
     timings.record("post", "any-time decoding", time.perf_counter() - start)
     interventions = {}
