@@ -99,12 +99,17 @@ def intervention_summary(result: dict[str, Any]) -> dict[str, Any]:
 
 
 # -- measurements ----------------------------------------------------------------------------------
-def load_release(run: Path) -> torch.nn.Module:
+def load_release_folder(folder: Path) -> torch.nn.Module:
+    """A release / diffusers folder, prepared for inference as ``loopvae profile`` times models."""
     from loopcore.modulation import set_fused_blocks
     from looprun.speed import prepare_for_speed
     from loopvae.loading import load_artifact
 
-    return set_fused_blocks(prepare_for_speed(load_artifact(run / "release").eval(), "contiguous"), True)
+    return set_fused_blocks(prepare_for_speed(load_artifact(folder).eval(), "contiguous"), True)
+
+
+def load_release(run: Path) -> torch.nn.Module:
+    return load_release_folder(run / "release")
 
 
 def time_side_by_side(fns: dict[str, Any], rounds: int = TIMING_ROUNDS, iters: int = TIMING_ITERS
@@ -444,8 +449,9 @@ def render(result: dict[str, Any], command: str) -> str:
               f"![frontier]({result['folder']}/frontier.png)", "", "## Dominance and the frontier (computed)", "",
               *reading(result), "", "## Any-time decoding: `LoopVAE.decode(z, decoder_passes=[...])`", "",
               "The decoder runs only the first k passes of each stage (coarse → fine), validated against the "
-              "trained schedule; measured on the paper-schedule models (seed 0) over the held-out images, decode "
-              "alone timed side by side at 256², batch 1.", "", *anytime_lines(result), "",
+              "trained schedule; measured on the paper-schedule models of this study (seed 0, with and without deep "
+              "supervision) and on the bundled model over the held-out images, decode alone timed side by side at "
+              "256², batch 1.", "", *anytime_lines(result), "",
               f"![any-time decoding]({result['folder']}/anytime.png)", "",
               "## Interventions per arm (16 images; seeds averaged where several)", "",
               "| arm | seeds | decoder-2x PSNR with k = 1.. passes | raw PSNR, 1 pass | out of range, 1 pass | images "
