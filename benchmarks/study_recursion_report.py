@@ -107,9 +107,9 @@ def order(stats: list[Stat]) -> str:
     ends = compare(stats[-1], stats[0])
     if not ends.called:
         return "flat"
-    if all(b >= a for a, b in zip(means, means[1:])):
+    if ends.verdict == "better" and all(b >= a for a, b in zip(means, means[1:])):
         return "rises"
-    if all(b <= a for a, b in zip(means, means[1:])):
+    if ends.verdict == "worse" and all(b <= a for a, b in zip(means, means[1:])):
         return "falls"
     return "mixed"
 

@@ -60,8 +60,9 @@ def seed_averaged_images(quality: dict[str, Any], metric: str = "per_image_psnr"
 
 def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     """``a - b``: by seed (seeds both arms ran; seed-pooled PSNR/SSIM) and by image (each arm's seed mean)."""
-    if a["seeds"][next(iter(a["seeds"]))]["keys"] != b["seeds"][next(iter(b["seeds"]))]["keys"]:
-        raise RuntimeError("the two arms were evaluated on different images")
+    keys = {tuple(s["keys"]) for q in (a, b) for s in q["seeds"].values()}
+    if len(keys) != 1:
+        raise RuntimeError("the arms' seeds were evaluated on different images; paired comparisons need the same ones")
     shared = sorted(set(a["seeds"]) & set(b["seeds"]))
     out = {"seeds": shared}
     for metric in ("psnr", "ssim"):

@@ -108,8 +108,10 @@ class LatentDataset(IterableDataset):
         source: the shard directory (or a shard spec within it: glob, brace pattern, comma list).
         train: shuffle shards per epoch (seeded), split them over ranks x workers (each a disjoint set),
             shuffle samples in a ``shuffle_buffer`` and pick the flipped latent with probability
-            ``flip_prob`` (when the shards hold one). ``False``: every sample exactly once over ranks x
-            workers, in order, unflipped.
+            ``flip_prob`` (when the shards hold one). Every rank and worker yields the same number of samples
+            per epoch (the smallest share; the rest of the larger shares is left for later epochs' orders), so
+            DDP ranks run the same number of steps. ``False``: every sample exactly once over ranks x workers,
+            in order, unflipped.
         rank, world_size: this process's place (torchrun); a training set needs shards >= ranks x workers.
         normalize: apply the recorded normalisation (``False``: raw tokenizer latents).
     """
@@ -135,7 +137,21 @@ class LatentDataset(IterableDataset):
         self.epoch = epoch
 
     def __len__(self) -> int:
-        return sum(self.counts)
+        """Samples this rank yields per epoch: all of its share in evaluation; in training the balanced share
+        of one worker per rank (with several workers, see :meth:`samples_per_slot`)."""
+        if not self.train:
+            return len(range(*slot_range(sum(self.counts), self.world_size, self.rank)))
+        return self.samples_per_slot(self.world_size)
+
+    def _order(self) -> list[int]:
+        order = list(range(len(self.urls)))
+        random.Random(f"{self.seed}-{self.epoch}").shuffle(order)  # the same order on every rank and worker
+        return order
+
+    def samples_per_slot(self, slots: int) -> int:
+        """Training: what each of ``slots`` (ranks x workers) yields this epoch, the smallest share of samples."""
+        order = self._order()
+        return min(sum(self.counts[i] for i in order[s::slots]) for s in range(slots))
 
     def _item(self, url: str, sample: dict[str, Any], flip: bool) -> dict[str, Any]:
         where = f"{url}: sample {sample['__key__']!r}"
@@ -168,11 +184,15 @@ class LatentDataset(IterableDataset):
                              "worker(s) disjoint shards; write more shards (loopvae encode --max-count) or use fewer "
                              "workers")
         rng = random.Random(f"{self.seed}-{self.epoch}-{slot}")
-        order = list(range(len(self.urls)))
-        random.Random(f"{self.seed}-{self.epoch}").shuffle(order)  # the same order on every rank and worker
+        order = self._order()
+        budget = self.samples_per_slot(slots)
         buffer: list[dict[str, Any]] = []
+        read = 0
         for index in order[slot::slots]:
             for sample in iter_samples(self.urls[index]):
+                if read == budget:
+                    break
+                read += 1
                 buffer.append(self._item(self.urls[index], sample, rng.random() < self.flip_prob))
                 if len(buffer) >= self.shuffle_buffer:
                     yield buffer.pop(rng.randrange(len(buffer)))

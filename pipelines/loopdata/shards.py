@@ -54,9 +54,10 @@ def canonical_urls(urls: str | os.PathLike | Sequence[str | os.PathLike]) -> lis
 def _split_top_level(spec: str) -> list[str]:
     """Split on commas, whitespace and ``::`` that are not inside ``{...}`` brace patterns or quotes.
 
-    A part in double or single quotes (``"my data/shard,1.tar"``) is one entry, spaces and commas included
-    (the quotes are removed). ``pipe:`` commands contain spaces, so a specification starting with ``pipe:``
-    splits on ``::`` only.
+    An entry that starts with a double or single quote (``"my data/shard,1.tar"``) runs to the matching quote,
+    spaces and commas included (the quotes are removed); a quote inside a name (``O'Brien/*.tar``) is a
+    character. ``pipe:`` commands contain spaces, so a specification starting with ``pipe:`` splits on ``::``
+    only.
     """
     if spec.lstrip().startswith("pipe:"):
         return [p.strip() for p in spec.split("::") if p.strip()]
@@ -69,7 +70,7 @@ def _split_top_level(spec: str) -> list[str]:
             else:
                 current.append(ch)
             continue
-        if ch in "\"'" and depth == 0:
+        if ch in "\"'" and depth == 0 and not current:  # a quote opens an entry; inside a name it is a character
             quote = ch
             continue
         if ch == "{":

@@ -265,3 +265,14 @@ def test_forward_intermediates_has_timms_signature_and_meaning() -> None:
         vit.forward_intermediates(x, indices=[5])
     steps = model.forward_steps(x)  # the per-step logits that used to carry this name
     assert len(steps) == 2 and steps[-1].shape == (2, 7) and torch.allclose(steps[-1], model(x), atol=1e-5)
+
+
+@torch.no_grad()
+def test_forward_intermediates_stop_early_returns_the_last_selected_state() -> None:
+    bvit = tiny("bvit-s", recursion=5, depth=1)
+    x = torch.rand(1, 3, 16, 16)
+    final, (last_selected,) = bvit.forward_intermediates(x, indices=[1], stop_early=True, output_fmt="NLC")
+    assert torch.allclose(final[:, 1:], bvit.norm(bvit.forward_trace(x).trajectory[1])[:, 1:], atol=1e-6)
+    assert torch.allclose(last_selected, bvit.forward_trace(x).trajectory[1][:, 1:], atol=1e-6)
+    with pytest.raises(ValueError, match="at least one"):
+        bvit.forward_intermediates(x, indices=[])

@@ -127,3 +127,13 @@ def test_resolve_rank(monkeypatch):
         resolve_rank(0, 0)
     with pytest.raises(ValueError, match="rank must be"):
         resolve_rank(4, 4)
+
+
+def test_a_quote_inside_a_name_is_a_character(four_shards, tmp_path):
+    import shutil
+
+    folder = tmp_path / "O'Brien"
+    folder.mkdir()
+    shutil.copy(four_shards[0], folder / "a.tar")
+    assert expand_urls(str(folder / "*.tar")) == [str(folder / "a.tar")]
+    assert expand_urls(f"{folder / 'a.tar'},{four_shards[1]}") == [str(folder / "a.tar"), four_shards[1]]

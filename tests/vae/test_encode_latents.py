@@ -79,12 +79,17 @@ def test_training_reader_splits_shards_over_ranks_and_flips(tmp_path: Path) -> N
         assert all(i["latent"].dtype == torch.float32 and i["latent"].shape == (16, RES // 8, RES // 8) for i in items)
         keys.append({i["key"] for i in items})
         flips = {i["flipped"] for i in items}
-    assert not keys[0] & keys[1] and len(keys[0] | keys[1]) == 24  # disjoint and complete
+    assert not keys[0] & keys[1]  # disjoint
+    # 4 shards of 6 over 2 ranks: balanced, every rank yields the smallest share (here all 12 each)
+    assert len(keys[0]) == len(keys[1]) == 12 and len(keys[0] | keys[1]) == 24
     assert flips == {True, False}
     batches = list(make_latent_loader(tmp_path / "lat", batch_size=5, train=True, num_workers=2))
     assert sum(b["latent"].shape[0] for b in batches) <= 24 and batches[0]["latent"].shape == (5, 16, 4, 4)
     with pytest.raises(ValueError, match="cannot feed"):
         list(LatentDataset(tmp_path / "lat", train=True, world_size=8))
+    # unequal shares (3 shards over 2 ranks): both ranks still yield the same number, so DDP steps stay equal
+    uneven = [len(list(LatentDataset(tmp_path / "lat", train=True, rank=r, world_size=3, seed=1))) for r in range(3)]
+    assert len(set(uneven)) == 1
 
 
 def test_a_rerun_resumes_finished_shards_and_redoes_interrupted_ones(tmp_path: Path) -> None:
@@ -97,9 +102,12 @@ def test_a_rerun_resumes_finished_shards_and_redoes_interrupted_ones(tmp_path: P
     again = _encode(tmp_path / "lat", data)
     assert again["resumed_shards"] == [first["shards"][0]] and again["num_samples"] == 24
     assert done.read_bytes() == before and not (tmp_path / "lat" / ".tmp-latents-000001").exists()
-    with pytest.raises(ValueError, match="--data changed"):
-        from loopvae.encode_latents import EncodeOptions, encode_dataset
+    from loopvae.encode_latents import EncodeOptions, encode_dataset
 
+    with pytest.raises(ValueError, match="other flip"):  # finished shards made with other options are not reused
+        encode_dataset(bundled_model_dir(), data, tmp_path / "lat", EncodeOptions(resolution=RES, device="cpu",
+                                                                                  flip=True))
+    with pytest.raises(ValueError, match="--data changed"):
         encode_dataset(bundled_model_dir(), data_urls("val"), tmp_path / "lat", EncodeOptions(resolution=RES,
                                                                                               device="cpu"))
 
@@ -125,6 +133,12 @@ def test_a_corrupt_image_is_named_or_skipped_and_listed(tmp_path: Path, capsys: 
     assert "'broken'" in err and "--skip-corrupt" in err
     meta = _encode(tmp_path / "y", shard, "--skip-corrupt")
     assert meta["num_samples"] == 4 and meta["skipped"] == [f"{shard}#broken"]
+    # a shard whose every image is skipped still gets its (empty) output, so the numbering stays one per input
+    with TarShardWriter(tmp_path / "bad", "bad") as writer:
+        writer.add("broken", {"jpg": b"\xff\xd8 not a jpeg"})
+    both = f"{shard},{writer.records[0].path}"
+    meta = _encode(tmp_path / "z", both, "--skip-corrupt")
+    assert meta["shard_counts"] == [5 - 1, 0] and len(meta["skipped"]) == 2
 
 
 def test_torchrun_two_ranks_encode_every_image_exactly_once(tmp_path: Path) -> None:

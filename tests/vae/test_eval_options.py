@@ -155,6 +155,11 @@ def test_latent_stats_give_unit_variance_latents_and_are_written_into_config(tin
             "latents_std": cfg.latents_std}
     assert torch.allclose(LatentNormalization.from_metadata(meta).normalize(z[0].float()), per_channel[0].float(),
                           atol=1e-5)
+    # a plain estimate afterwards replaces the per-channel one (stale latents_mean / std would rescale twice)
+    assert _run("latent-stats", "--checkpoint", str(release), "--data", data_urls("val"), "--resolution", "64",
+                "--num-workers", "0", "--posterior", "mode", "--no-progress") == 0
+    cfg = LoopVAE.from_pretrained(release).config
+    assert cfg.latents_mean is None and cfg.latents_std is None and cfg.scaling_factor != 1.0
 
 
 def test_eval_and_intervene_show_progress_bars_unless_asked_not_to(tiny_run, tmp_path: Path, capfd) -> None:

@@ -54,3 +54,17 @@ def test_accumulation_validates_and_counts_optimizer_steps_in_stage2(tiny_run, t
     # 4 hinge + 2 R1 Adam steps (parameters R1 gives no gradient, such as the last bias, only take the 4 hinge ones)
     assert max(float(v["step"]) for v in state["d_optimizer"]["state"].values()) == 6.0
     assert {float(v["step"]) for v in state["optimizer"]["state"].values()} == {4.0}
+
+
+def test_a_checkpoint_from_before_grad_accum_steps_existed_resumes(tmp_path: Path) -> None:
+    import json
+
+    config = [*FAST, "max_steps=2", "checkpoint_every=2"]
+    train(load_train_config("tiny-stage1", config), data_urls(), tmp_path / "run")
+    (meta_path,) = (tmp_path / "run" / "checkpoints").glob("step-*/metadata.json")
+    meta = json.loads(meta_path.read_text())
+    del meta["config"]["grad_accum_steps"]  # as written before the key existed (it was 1 then)
+    meta_path.write_text(json.dumps(meta))
+    result = train(load_train_config("tiny-stage1", [*FAST, "max_steps=3", "checkpoint_every=2"]), data_urls(),
+                   tmp_path / "run")
+    assert result.step == 3 and result.resumed_from is not None

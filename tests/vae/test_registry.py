@@ -178,9 +178,11 @@ def test_pretrained_and_checkpoint_path_mean_what_they_mean_in_timm_and_srvit(tm
     with pytest.raises(FileNotFoundError, match="checkpoint_path"):
         loopvae.create_model("loopvae-cnn-tiny", checkpoint_path=tmp_path / "nothing")
     ref = loopvae.create_model("flux-vae-tiny")
+    ref.register_to_config(scaling_factor=0.5, shift_factor=0.25)  # measured for these weights: they come along
     ref.save_pretrained(tmp_path / "ref")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         again = loopvae.create_model("flux-vae-tiny", pretrained=str(tmp_path / "ref"))
     assert any(issubclass(w.category, FutureWarning) for w in caught)
     assert all(torch.equal(a, b) for a, b in zip(again.state_dict().values(), ref.state_dict().values(), strict=True))
+    assert (again.config.scaling_factor, again.config.shift_factor) == (0.5, 0.25)

@@ -97,6 +97,9 @@ def test_enable_tiling_takes_diffusers_call_styles_without_touching_the_config(t
     vae.enable_tiling(tile_sample_min_height=64, tile_sample_min_width=64, tile_sample_stride_height=48,
                       tile_sample_stride_width=48)  # newer diffusers VAEs
     assert vae.tile_sample_size == 64 and vae.tile_overlap_factor == pytest.approx(0.25)
+    vae.enable_tiling(tile_sample_min_height=96, tile_sample_min_width=96, tile_sample_stride_height=80,
+                      tile_sample_stride_width=80)
+    assert vae._tile_geometry(8) == (96, 16)  # 96 - 80 px of overlap, not a float-truncated 8
     vae.enable_tiling(tile_sample_size=128, tile_overlap_factor=0.5)
     assert (vae.tile_sample_size, vae.tile_overlap_factor) == (128, 0.5)
     assert dict(vae.config) == before  # runtime settings, not configuration

@@ -443,8 +443,8 @@ class RecursiveViT(TimmClassifierSurface, ReleaseLoadingMixin, ModelMixin, Confi
                 raise ValueError(f"indices={indices} asks for the last {indices} of {length} states")
             wanted = list(range(length - indices, length))
         else:
-            if any(not -length <= i < length for i in indices):
-                raise ValueError(f"indices {list(indices)} out of range for {length} states")
+            if not indices or any(not -length <= i < length for i in indices):
+                raise ValueError(f"indices {list(indices)} out of range for {length} states (select at least one)")
             wanted = sorted(i % length for i in indices)
         single = self.config.depth == 1
         h, w = x.shape[-2] // self.config.patch_size, x.shape[-1] // self.config.patch_size
@@ -453,6 +453,8 @@ class RecursiveViT(TimmClassifierSurface, ReleaseLoadingMixin, ModelMixin, Confi
         index = 0
         for states, z, _ in self._run_blocks(x, steps, head_only=False, keep_steps=single):
             for state in ([*states[:-1], z] if single else [z]):
+                if stop_early and index > wanted[-1]:
+                    break
                 last = state
                 if index in wanted:
                     out = self.norm(state) if norm else state
@@ -481,7 +483,9 @@ class RecursiveViT(TimmClassifierSurface, ReleaseLoadingMixin, ModelMixin, Confi
         """timm's pretrained config of these weights (input size, normalisation, crop, classifier names), from
         ``config``: ``timm.data.resolve_data_config(model=model)`` reads it."""
         c = self.config
-        return {"architecture": f"{c.family}", "input_size": (c.in_channels, c.img_size, c.img_size),
+        size = {192: "ti", 384: "s", 768: "b"}.get(c.embed_dim)
+        name = f"{c.family}_{size}" + ("_cifar" if c.img_size == 32 else "") if size else c.family
+        return {"architecture": name, "input_size": (c.in_channels, c.img_size, c.img_size),
                 "mean": tuple(c.data_mean), "std": tuple(c.data_std), "crop_pct": c.crop_pct,
                 "interpolation": "bicubic", "num_classes": c.num_classes, "first_conv": "patch_embed.proj",
                 "classifier": "head", "fixed_input_size": True}

@@ -80,8 +80,9 @@ def card_front_matter(name: str, library_name: str, tags: list[str], results: li
 def hub_identity(model: torch.nn.Module) -> tuple[str, list[str], str | None]:
     """``(library_name, tags, pipeline_tag)`` of a release: diffusers for the tokenizers, timm for the classifiers."""
     package = type(model).__module__.split(".")[0]
-    if package == "srvit":
-        return "timm", ["loopvision", "srvit", "recursive-vit", "image-classification"], "image-classification"
+    if package == "srvit":  # a diffusers-layout folder loaded by srvit (and timm.create_model via its names)
+        return "loopvision", ["loopvision", "srvit", "timm", "recursive-vit", "image-classification"], \
+            "image-classification"
     return "diffusers", ["loopvision", "loopvae" if type(model).__name__ == "LoopVAE" else "autoencoderkl", "vae",
                          "image-tokenizer"], None
 

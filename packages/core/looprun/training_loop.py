@@ -16,7 +16,7 @@ import logging
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -252,6 +252,10 @@ class TrainingLoop:
         problems = []
         if isinstance(saved, dict):
             saved = self._comparable(saved)
+            # a key added to the schema after the checkpoint was written held its default then
+            defaults = {f.name: _json_normal(f.default) for f in fields(self.config)
+                        if f.default is not MISSING and f.name not in saved}
+            saved = {**defaults, **saved}
             for key in sorted(set(saved) | set(current)):
                 if key not in RESUMABLE_CHANGES and saved.get(key) != current.get(key):
                     problems.append(f"{key}: {saved.get(key)!r} in the checkpoint, {current.get(key)!r} now")

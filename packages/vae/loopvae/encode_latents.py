@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import shutil
+import tarfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -36,7 +37,15 @@ from loopdata.shards import expand_urls, image_member, iter_samples, shard_count
 from loopdata.transforms import build_transforms, make_options
 from loopdata.writer import TarShardWriter
 from looprun.checkpoint import write_atomic
-from looprun.distributed import barrier, gather_objects, init_distributed
+from looprun.distributed import (
+    RemoteRankError,
+    any_rank,
+    barrier,
+    gather_objects,
+    init_distributed,
+    report_failure,
+    reported_failure,
+)
 
 from .loading import load_tokenizer
 
@@ -61,6 +70,18 @@ def output_name(index: int) -> str:
     return f"latents-{index:06d}.tar"
 
 
+def shard_key(key: str) -> str:
+    """A key the shard writer takes (no ``.`` or ``/``): source keys with sub-folders become ``a_b``."""
+    return key.replace("/", "_").replace(".", "_")
+
+
+def run_identity(loaded, options: EncodeOptions) -> dict[str, Any]:
+    """What an output shard depends on: the tokenizer's weights and the options that change the latents. A
+    rerun into the same folder reuses a finished shard only when these are equal."""
+    return {"weights_sha256": loaded.weights_sha256, "resolution": options.resolution, "sample": options.sample,
+            "flip": options.flip, "dtype": options.dtype, "weights": options.weights}
+
+
 def _key_generator(key: str, device: torch.device) -> torch.Generator:
     seed = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little")
     return torch.Generator(device=device).manual_seed(seed)
@@ -78,7 +99,7 @@ def _latents(model: torch.nn.Module, images: torch.Tensor, keys: list[str], samp
 
 @torch.no_grad()
 def encode_shard(url: str, target: Path, model: torch.nn.Module, options: EncodeOptions,
-                 device: torch.device) -> dict[str, Any]:
+                 device: torch.device, identity: dict[str, Any] | None = None, ctx=None) -> dict[str, Any]:
     """Encode one input shard into ``target`` (written under a temporary name, then renamed)."""
     transforms = build_transforms("reconstruction", False, options.resolution, make_options("reconstruction"))
     dtype = {"float32": np.float32, "float16": np.float16}[options.dtype]
@@ -99,15 +120,19 @@ def encode_shard(url: str, target: Path, model: torch.nn.Module, options: Encode
         shape = list(z.shape[1:])
         for i, (key, _, rest) in enumerate(pending):
             members = dict(rest)
+            if shard_key(key) != key:
+                members["source_key.txt"] = key.encode()
             members[LATENT_EXT] = npy_bytes(z[i])
             if zf is not None:
                 members[FLIP_EXT] = npy_bytes(zf[i])
-            writer.add(key, members)
+            writer.add(shard_key(key), members)
         count += len(pending)
         pending.clear()
 
     with TarShardWriter(tmp, "part", max_count=10**9, max_size=2**62) as writer:
         for sample in iter_samples(url):
+            if ctx is not None and reported_failure(ctx) is not None:
+                raise RemoteRankError(f"stopped: {reported_failure(ctx)}")
             key = sample["__key__"]
             ext = image_member(sample)
             try:
@@ -127,11 +152,15 @@ def encode_shard(url: str, target: Path, model: torch.nn.Module, options: Encode
                 flush(writer)
         if pending:
             flush(writer)
-    if count == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise ValueError(f"{url}: no image could be encoded; nothing to write")
-    (part,) = tmp.glob("part-*.tar")
-    record = {"input": url, "output": target.name, "count": count, "skipped": skipped, "latent_shape": shape}
+    parts = list(tmp.glob("part-*.tar"))
+    if count == 0:  # every image of the shard was skipped (--skip-corrupt): an empty shard keeps the numbering
+        tmp.mkdir(parents=True, exist_ok=True)
+        part = tmp / "part-000000.tar"
+        tarfile.open(part, "w").close()
+    else:
+        (part,) = parts
+    record = {"input": url, "output": target.name, "count": count, "skipped": skipped, "latent_shape": shape,
+              **(identity or {})}
     # The record goes down before the shard's rename: a shard that exists always has its record.
     write_atomic(_record_path(target), json.dumps(record))
     os.replace(part, target)
@@ -143,14 +172,20 @@ def _record_path(target: Path) -> Path:
     return target.with_name(target.name + ".json")
 
 
-def _finished_shard(target: Path, url: str) -> dict[str, Any] | None:
-    """The record of a complete output of an earlier run for the same input, or ``None`` (to be (re)done)."""
+def _finished_shard(target: Path, url: str, identity: dict[str, Any]) -> dict[str, Any] | None:
+    """The record of a complete output of an earlier run for the same input and settings, or ``None`` (to be
+    (re)done); a finished shard made from other data, weights or options is an error, never silently reused."""
     if not (target.is_file() and _record_path(target).is_file()):
         return None
     record = json.loads(_record_path(target).read_text())
     if record.get("input") != url:
         raise ValueError(f"{target} was encoded from {record.get('input')}, not {url}: --data changed since the "
                          "earlier run; use a new --out")
+    changed = sorted(k for k, v in identity.items() if record.get(k) != v)
+    if changed:
+        raise ValueError(f"{target} was encoded with other {', '.join(changed)} ("
+                         + ", ".join(f"{k}: {record.get(k)!r} then, {identity[k]!r} now" for k in changed)
+                         + "); use a new --out or the earlier settings")
     return {**record, "resumed": True}
 
 
@@ -170,19 +205,29 @@ def encode_dataset(checkpoint: str | Path, data: str, out_dir: str | Path, optio
     if not urls:
         raise ValueError(f"--data {data!r} names no shards or images")
     started = time.perf_counter()
+    identity = run_identity(loaded, options)
     records = []
-    for index, url in enumerate(urls):
-        if index % ctx.world_size != ctx.rank:
-            continue
-        target = out / output_name(index)
-        done = _finished_shard(target, url)
-        if done is not None:
-            log.info("%s: already encoded (%d samples), skipped", target.name, done["count"])
-            records.append(done)
-            continue
-        record = encode_shard(url, target, model, options, ctx.device)
-        log.info("%s -> %s: %d latents", url, target.name, record["count"])
-        records.append(record)
+    error: BaseException | None = None
+    try:
+        for index, url in enumerate(urls):
+            if index % ctx.world_size != ctx.rank:
+                continue
+            target = out / output_name(index)
+            done = _finished_shard(target, url, identity)
+            if done is not None:
+                log.info("%s: already encoded (%d samples), skipped", target.name, done["count"])
+                records.append(done)
+                continue
+            record = encode_shard(url, target, model, options, ctx.device, identity, ctx)
+            log.info("%s -> %s: %d latents", url, target.name, record["count"])
+            records.append(record)
+    except Exception as err:  # noqa: BLE001 - re-raised below, after telling the other ranks
+        error = err
+        report_failure(ctx, str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__)
+    if any_rank(error is not None, ctx):
+        if error is not None:
+            raise error
+        raise RemoteRankError(f"encoding failed on another rank: {reported_failure(ctx) or 'see its log'}")
     all_records = sorted((r for part in gather_objects(records, ctx) for r in part), key=lambda r: r["output"])
     meta: dict[str, Any] = {}
     if ctx.is_main:
@@ -205,7 +250,10 @@ def _metadata(loaded, model, data: str, urls: list[str], records: list[dict[str,
             raise RuntimeError(f"{r['output']} holds {r['count']} latents, more than the {expected[r['input']]} "
                                f"images of {r['input']}")
     config = getattr(model, "config", {})
-    shape = records[0]["latent_shape"]
+    shapes = {tuple(r["latent_shape"]) for r in records if r.get("latent_shape")}
+    if len(shapes) > 1:
+        raise RuntimeError(f"the shards hold latents of different shapes {sorted(shapes)}")
+    shape = list(shapes.pop()) if shapes else None
     return {
         "format": "loopvision latent shards v1", "tokenizer": loaded.source, "tokenizer_kind": loaded.kind,
         "tokenizer_class": type(model).__name__, "weights_sha256": loaded.weights_sha256,

@@ -148,6 +148,8 @@ def write_latent_statistics(folder: str | Path, stats: LatentStatistics, per_cha
                              f"{config.get('_class_name')} gets shift_factor / scaling_factor only "
                              "(drop --per-channel)")
         config["latents_mean"], config["latents_std"] = stats.channel_mean, stats.channel_std
+    elif config.get("_class_name") == "LoopVAE":
+        config["latents_mean"] = config["latents_std"] = None  # an earlier --per-channel estimate no longer holds
     config["scaling_factor"] = 1.0 if per_channel else stats.scaling_factor
     config["shift_factor"] = stats.shift_factor
     if config.get("_class_name") == "LoopVAE":

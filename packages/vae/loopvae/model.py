@@ -260,7 +260,7 @@ class LoopVAE(ReleaseLoadingMixin, ModelMixin, AutoencoderMixin, ConfigMixin):
 
     def _tile_geometry(self, factor: int) -> tuple[int, int]:
         tile = self.tile_sample_size
-        overlap = int(tile * self.tile_overlap_factor) // factor * factor
+        overlap = round(tile * self.tile_overlap_factor) // factor * factor
         return tile, overlap
 
     def _check_image(self, x: torch.Tensor, factor: int) -> None:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from .model import LoopVAE
@@ -104,6 +105,9 @@ def load_weights(model: nn.Module, path: str | os.PathLike) -> nn.Module:
     from looprun.release import release_weights_file
 
     path = Path(path)
+    if path.is_dir() and not release_weights_file(path) and (path / "diffusion_pytorch_model.bin").is_file():
+        file = path / "diffusion_pytorch_model.bin"  # an older diffusers folder
+        return _load_state(model, torch.load(file, map_location="cpu", weights_only=True), file, path)
     if path.is_dir():
         file = release_weights_file(path)
     else:
@@ -111,7 +115,15 @@ def load_weights(model: nn.Module, path: str | os.PathLike) -> nn.Module:
     if file is None:
         raise FileNotFoundError(f"checkpoint_path {path}: neither a folder with diffusion_pytorch_model.safetensors "
                                 "nor a .safetensors file")
-    state = load_file(str(file))
+    return _load_state(model, load_file(str(file)), file, path if path.is_dir() else None)
+
+
+# Config keys that describe the weights' latents, not the architecture: a folder's values come with its weights.
+LATENT_CONFIG_KEYS = ("scaling_factor", "shift_factor", "latents_mean", "latents_std", "force_upcast",
+                      "latent_statistics")
+
+
+def _load_state(model: nn.Module, state: dict, file: Path, folder: Path | None) -> nn.Module:
     hint = "build the model with that checkpoint's config (LoopVAE.from_pretrained / AutoencoderKL.from_pretrained)"
     try:
         missing, unexpected = model.load_state_dict(state, strict=False)
@@ -121,6 +133,13 @@ def load_weights(model: nn.Module, path: str | os.PathLike) -> nn.Module:
     if missing or unexpected:
         raise ValueError(f"checkpoint_path {file}: does not match the architecture (missing {sorted(missing)[:5]}, "
                          f"unexpected {sorted(unexpected)[:5]}); {hint}")
+    if folder is not None and (folder / "config.json").is_file():
+        import json
+
+        saved = json.loads((folder / "config.json").read_text())
+        kept = {k: saved[k] for k in LATENT_CONFIG_KEYS if k in saved and k in model.config}
+        if kept:
+            model.register_to_config(**kept)  # the latent normalisation measured for these weights
     return model
 
 
