@@ -6,7 +6,8 @@ sits under transparent pixels). JPEGs are decoded in *draft* mode when the calle
 then decodes at 1/2, 1/4 or 1/8 scale in the DCT domain, never below the requested shorter side, which
 is both faster and a good anti-aliasing pre-filter.
 
-The result is a ``torch.uint8`` tensor (3, H, W) whose memory is channels-last, the layout that
+Images are turned upright by their EXIF orientation (phone photos are often stored sideways). The result is a
+``torch.uint8`` tensor (3, H, W) whose memory is channels-last, the layout that
 torchvision's fast uint8 antialiased resize kernels use.
 """
 
@@ -19,7 +20,7 @@ import warnings
 
 import numpy as np
 import torch
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageOps, UnidentifiedImageError
 from torchvision.transforms.v2 import functional as TF
 
 # Formats we decode; the key is PIL's ``Image.format``, the value the tar member extension we write.
@@ -92,6 +93,25 @@ def open_image(data: bytes, max_pixels: int | None = None) -> Image.Image:
     return img
 
 
+EXIF_ORIENTATION = 0x0112  # the EXIF tag of how the stored pixels must be turned to be seen upright
+_SWAPS_AXES = (5, 6, 7, 8)  # orientations that include a 90-degree turn
+
+
+def exif_orientation(img: Image.Image) -> int:
+    """The image's EXIF orientation (1..8; 1 = stored upright), 1 when absent or invalid."""
+    try:
+        value = int(img.getexif().get(EXIF_ORIENTATION, 1))
+    except (TypeError, ValueError, OSError, SyntaxError):
+        return 1
+    return value if 1 <= value <= 8 else 1
+
+
+def upright(img: Image.Image) -> Image.Image:
+    """``img`` turned as its EXIF orientation says (phone photos are often stored sideways), as every viewer,
+    torchvision's ``decode_jpeg(apply_exif_orientation=True)`` and the paper's protocol show them."""
+    return ImageOps.exif_transpose(img) if exif_orientation(img) != 1 else img
+
+
 def draft_request(width: int, height: int, min_size: int) -> tuple[int, int]:
     """The (w, h) to pass to ``Image.draft`` so that the decoded shorter side stays >= ``min_size``."""
     scale = min_size / min(width, height)
@@ -136,7 +156,7 @@ def decode_pil(data: bytes, min_size: int | None = None, max_pixels: int | None 
         max_pixels: pixel limit (see :func:`open_image`).
 
     Returns:
-        An RGB image (8 bit per channel).
+        An RGB image (8 bit per channel), upright: the EXIF orientation is applied (:func:`upright`).
 
     Raises:
         DecodeError: empty, unrecognised, truncated, oversized or otherwise undecodable bytes.
@@ -148,7 +168,7 @@ def decode_pil(data: bytes, min_size: int | None = None, max_pixels: int | None 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             img.load()
-            return to_rgb(img)
+            return to_rgb(upright(img))
     except DecodeError:
         raise
     except (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError) as exc:
@@ -165,6 +185,10 @@ def decode_image(data: bytes, min_size: int | None = None, max_pixels: int | Non
 
 
 def image_size(data: bytes, max_pixels: int | None = None) -> tuple[int, int, str]:
-    """``(width, height, format)`` from the header only; raises :class:`DecodeError` as :func:`open_image`."""
+    """``(width, height, format)`` as the image is seen (EXIF orientation applied), from the header only; raises
+    :class:`DecodeError` as :func:`open_image`."""
     img = open_image(data, max_pixels)
-    return img.size[0], img.size[1], img.format
+    width, height = img.size
+    if exif_orientation(img) in _SWAPS_AXES:
+        width, height = height, width
+    return width, height, img.format
