@@ -73,20 +73,34 @@ class Arm:
         depth = 1 if self.preset.startswith("cifar10-bvit") else 12
         return depth * self.horizon * per_step
 
-    def eval_steps(self) -> tuple[int, ...]:
-        """Evaluation depths beyond the horizon (bViT only): ``T x`` :data:`HORIZON_MULTIPLES`."""
+    def horizon_steps(self) -> tuple[int, ...]:
+        """Evaluation depths ``T x`` :data:`HORIZON_MULTIPLES` (bViT only; empty for SR-ViT)."""
         if not self.preset.startswith("cifar10-bvit"):
             return ()
         return tuple(sorted({max(1, round(m * self.horizon)) for m in HORIZON_MULTIPLES}))
 
+    def eval_steps(self) -> tuple[int, ...]:
+        """Evaluation depths (bViT only): every step ``1..T`` inside the horizon and :meth:`horizon_steps` beyond
+        it (one trajectory gives them all)."""
+        if not self.preset.startswith("cifar10-bvit"):
+            return ()
+        return tuple(sorted(set(self.horizon_steps()) | set(range(1, self.horizon + 1))))
+
+
+FUSION_MODES = ("last", "mean", "global", "token", "query")
+
 
 def study_arms() -> list[Arm]:
-    """Every arm of the study, in report order (``bvit-euler`` serves the supervision and solver sections)."""
+    """Every arm of the study, in report order (``bvit-euler`` serves the supervision, solver and depth sections).
+
+    Plain recursion (``last``) has its own lr sweep per depth (groups ``R2-last``, ``R4-last``); the fused arms
+    use the lr picked for ``query`` at their depth.
+    """
     arms = [Arm("srvit-R1-last", "fusion", "cifar10-srvit-ti", "R1", {"recursion": 1, "fusion_mode": "last"})]
     for r in (2, 4):
-        for mode in ("last", "token", "query"):
-            arms.append(Arm(f"srvit-R{r}-{mode}", "fusion", "cifar10-srvit-ti", f"R{r}",
-                            {"recursion": r, "fusion_mode": mode}))
+        for mode in FUSION_MODES:
+            arms.append(Arm(f"srvit-R{r}-{mode}", "fusion", "cifar10-srvit-ti", f"R{r}-last" if mode == "last"
+                            else f"R{r}", {"recursion": r, "fusion_mode": mode}))
     bvit = "cifar10-bvit-ti"
     arms += [
         Arm("bvit-euler", "supervision", bvit, "bvit", {}),
@@ -94,11 +108,42 @@ def study_arms() -> list[Arm]:
         Arm("bvit-heun", "solver", bvit, "bvit", {"solver": "heun"}),
         Arm("bvit-heun-T6h2", "solver", bvit, "bvit", {"solver": "heun", "recursion": 6, "step_size": 2.0}),
         Arm("bvit-blackbox", "solver", bvit, "bvit", {"solver": "blackbox"}),
+        Arm("bvit-T3", "depth", bvit, "bvit", {"recursion": 3}),
+        Arm("bvit-T5", "depth", bvit, "bvit", {"recursion": 5}),
     ]
     return arms
 
 
-SWEEP_ARMS = {"R1": "srvit-R1-last", "R2": "srvit-R2-query", "R4": "srvit-R4-query", "bvit": "bvit-euler"}
+SWEEP_ARMS = {"R1": "srvit-R1-last", "R2": "srvit-R2-query", "R4": "srvit-R4-query", "bvit": "bvit-euler",
+              "R2-last": "srvit-R2-last", "R4-last": "srvit-R4-last"}
+
+
+def swapped_solvers(arm: Arm) -> list[tuple[str, float, int]]:
+    """The other-solver evaluations of a trained Euler / Heun bViT at its integration time ``T x h``:
+    ``(solver, h, steps)`` at matched steps and at matched block evaluations (Heun costs two per step)."""
+    if not arm.preset.startswith("cifar10-bvit") or arm.section == "depth" or arm.extra:
+        return []  # the depth arms and deep supervision are not part of the solver comparison
+    method = arm.model.get("solver", "euler")
+    steps, h = arm.horizon, float(arm.model.get("step_size", 1.0))
+    if method == "euler":
+        return [("heun", h, steps), ("heun", 2 * h, steps // 2)]
+    if method == "heun":
+        return [("euler", h, steps), ("euler", h / 2, 2 * steps)]
+    return []
+
+
+def missing_measurements(result: dict[str, Any], arm: Arm) -> list[str]:
+    """What a stored result lacks of the measurements this version of the study takes for ``arm`` (an older
+    result is re-measured, or retrained when its weights are gone)."""
+    if result.get("diverged"):
+        return []
+    missing = []
+    if arm.preset.startswith("cifar10-bvit"):
+        if any(str(t) not in result.get("by_steps", {}) for t in range(1, arm.horizon + 1)):
+            missing.append("by_steps 1..T")
+        if swapped_solvers(arm) and "swapped" not in result:
+            missing.append("swapped")
+    return missing
 
 
 @dataclass
@@ -146,11 +191,13 @@ class Paths:
 
 # -- one run (in a worker process) -----------------------------------------------------------------------
 def execute(task: Task, paths: Paths) -> dict[str, Any]:
-    """Train ``task`` (or resume it), evaluate the EMA weights, probe them; return (and store) the result."""
+    """Train ``task`` (or resume it), evaluate the EMA weights, probe them; return (and store) the result.
+
+    A run whose weights and result are on disk but whose result lacks this study's newer measurements
+    (:func:`missing_measurements`) is measured again without retraining.
+    """
     import torch
 
-    from srvit.evaluate import Counts, batch_counts
-    from srvit.loading import load_classifier
     from srvit.train_config import load_train_config
     from srvit.trainer import NonFiniteLossError, train
 
@@ -163,6 +210,13 @@ def execute(task: Task, paths: Paths) -> dict[str, Any]:
         *task.arm.extra,
     ]
     config = load_train_config(task.arm.preset, overrides)
+    stored = run_dir / "result.json"
+    if stored.is_file() and (run_dir / "release").is_dir():
+        previous = json.loads(stored.read_text())
+        if previous.get("settings") == settings.run_key() and not previous.get("diverged"):
+            result = {**previous, **measure(task, paths, config.resolution)}
+            stored.write_text(json.dumps(result, indent=1))
+            return result
     base = {"name": task.name, "arm": task.arm.name, "group": task.arm.group, "lr": task.lr, "seed": task.seed,
             "overrides": overrides, "settings": settings.run_key()}
     start = time.perf_counter()
@@ -171,30 +225,59 @@ def execute(task: Task, paths: Paths) -> dict[str, Any]:
     except NonFiniteLossError as error:  # a diverged lr is a result of the sweep, not a crash of the study
         result = {**base, "diverged": True, "error": str(error).splitlines()[0],
                   "train_seconds": round(time.perf_counter() - start, 1)}
-        (run_dir / "result.json").write_text(json.dumps(result, indent=1))
+        stored.write_text(json.dumps(result, indent=1))
         return result
     train_s = time.perf_counter() - start
     if trained.stopped_by:
         raise RuntimeError(f"{task.name}: training stopped early ({trained.stopped_by}); rerun the study to resume")
-    model = load_classifier(run_dir / "release").model.eval()
+    result = {**base, "diverged": False, "steps": trained.step,
+              "epochs": trained.step / epoch_batches(config, paths.train), "train_seconds": round(train_s, 1),
+              **summarise_history(logged_history(run_dir)), **measure(task, paths, config.resolution)}
+    stored.write_text(json.dumps(result, indent=1))
+    return result
+
+
+def measure(task: Task, paths: Paths, resolution: int) -> dict[str, Any]:
+    """Evaluate a finished run's EMA weights (top-1/top-5, top-1 at every :meth:`Arm.eval_steps` depth, the
+    other solver at equal integration time) and probe them."""
+    import torch
+
+    from srvit.evaluate import Counts, batch_counts
+    from srvit.loading import load_classifier
+
+    settings = paths.settings
+    model = load_classifier(paths.runs / task.name / "release").model.eval()
     start = time.perf_counter()
-    images, labels = test_images(paths.test, config.resolution)
+    images, labels = test_images(paths.test, resolution)
     chosen = spread(len(labels), settings.eval_images)
-    counts = Counts()
-    for i in range(0, len(chosen), 250):
-        part = chosen[i:i + 250]
-        counts = counts.merge(batch_counts(model, images[part], labels[part], task.arm.eval_steps(), False))
+
+    def count(steps: tuple[int, ...]) -> Counts:
+        counts = Counts()
+        with torch.no_grad():
+            for i in range(0, len(chosen), 250):
+                part = chosen[i:i + 250]
+                counts = counts.merge(batch_counts(model, images[part], labels[part], steps, False))
+        return counts
+
+    counts = count(task.arm.eval_steps())
     n = counts.num_images
+    swapped = []
+    trained = (model.solver.method, model.solver.step_size)
+    for method, h, steps in swapped_solvers(task.arm):
+        model.use_solver(method, h)
+        other = count((steps,))
+        swapped.append({"solver": method, "step_size": h, "steps": steps, "time": steps * h,
+                        "block_evaluations": steps * {"heun": 2, "rk4": 4}.get(method, 1),
+                        "top1": other.by_steps[steps] / other.num_images})
+    model.use_solver(*trained)
     result = {
-        **base, "diverged": False, "steps": trained.step, "epochs": trained.step / epoch_batches(config, paths.train),
         "parameters": sum(p.numel() for p in model.parameters()), "block_evaluations": task.arm.block_evaluations,
-        "train_seconds": round(train_s, 1), "top1": counts.top1 / n, "top5": counts.top5 / n, "num_images": n,
+        "top1": counts.top1 / n, "top5": counts.top5 / n, "num_images": n,
         "by_steps": {str(k): v / n for k, v in sorted(counts.by_steps.items())},
-        **summarise_history(logged_history(run_dir)),
+        **({"swapped": swapped} if swapped else {}),
         **probe(model, images[spread(len(labels), settings.probe_images)], task.arm),
     }
     result["eval_seconds"] = round(time.perf_counter() - start, 1)
-    (run_dir / "result.json").write_text(json.dumps(result, indent=1))
     return result
 
 
@@ -260,13 +343,16 @@ def run_study(paths: Paths, jobs: int) -> tuple[dict[str, dict], dict[str, dict]
     pending: dict[cf.Future, Task] = {}
     queued: set[str] = set()
 
-    def submit(task: Task) -> None:
-        if task.name in queued:
+    def submit(task: Task, main: bool = False) -> None:
+        # A main run needs every measurement; a sweep run only its training loss (the seed-0 sweep run at the
+        # picked lr is resubmitted as a main run and re-measured if an older study stored it).
+        if task.name in queued and not (main and task.name in results
+                                        and missing_measurements(results[task.name], task.arm)):
             return
         queued.add(task.name)
         future: cf.Future = cf.Future()
         done = cached(task, paths)
-        if done is not None:
+        if done is not None and not (main and missing_measurements(done, task.arm)):
             future.set_result(done)
         elif pool is None:
             future.set_result(execute(task, paths))
@@ -285,7 +371,7 @@ def run_study(paths: Paths, jobs: int) -> tuple[dict[str, dict], dict[str, dict]
         picks[group] = pick
         main = [Task(a, picks[group]["lr"], s) for a in arms.values() if a.group == group for s in settings.seeds]
         for task in sorted(main, key=lambda t: -t.cost):
-            submit(task)
+            submit(task, main=True)
 
     try:
         for group in groups:

@@ -28,7 +28,8 @@ def _finish(plt, fig, axes: list, path: Path, legend_size: int = 7) -> None:
 
 def plot_all(summary: dict[str, Any], results: dict[str, dict], picks: dict[str, dict], settings: dict,
              folder: Path) -> None:
-    """Write ``loss_curves``, ``fusion``, ``routers``, ``supervision``, ``solver`` and ``state_norms`` PNGs."""
+    """Write ``loss_curves``, ``fusion``, ``routers``, ``supervision``, ``solver``, ``state_norms`` and ``per_step``
+    PNGs."""
     plot_losses(summary, results, picks, settings, folder / "loss_curves.png")
     plot_fusion(summary, folder / "fusion.png")
     plot_routers(summary, folder / "routers.png")
@@ -36,6 +37,8 @@ def plot_all(summary: dict[str, Any], results: dict[str, dict], picks: dict[str,
     plot_horizon(summary, ["bvit-euler", "bvit-heun", "bvit-heun-T6h2", "bvit-blackbox"], folder / "solver.png",
                  "bViT: solvers and fields")
     plot_norms(summary, folder / "state_norms.png")
+    plot_steps(summary, ["bvit-euler", "bvit-euler-ds3", "bvit-blackbox", "bvit-heun", "bvit-T3", "bvit-T5"],
+               folder / "per_step.png")
 
 
 def plot_losses(summary, results, picks, settings, path: Path) -> None:
@@ -63,9 +66,12 @@ def plot_fusion(summary, path: Path) -> None:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(5, 3.5), dpi=120)
     base = summary["srvit-R1-last"]["top1"]
-    for k, mode in enumerate(("token", "query", "last")):
+    modes = [m for m in ("token", "query", "global", "mean", "last")
+             if "top1" in summary.get(f"srvit-R2-{m}", {}) and "top1" in summary.get(f"srvit-R4-{m}", {})]
+    for k, mode in enumerate(modes):
         stats = [base, summary[f"srvit-R2-{mode}"]["top1"], summary[f"srvit-R4-{mode}"]["top1"]]
-        xs = [1 + 0.04 * (k - 1), 2 + 0.04 * (k - 1), 4 + 0.04 * (k - 1)]
+        offset = 0.04 * (k - (len(modes) - 1) / 2)
+        xs = [1 + offset, 2 + offset, 4 + offset]
         ax.errorbar(xs, [s.mean for s in stats], yerr=[s.sd for s in stats], marker="o", capsize=3,
                     label=f"fusion_mode={mode}")
     ax.set_xticks([1, 2, 4])
@@ -111,7 +117,7 @@ def plot_horizon(summary, names: list[str], path: Path, title: str) -> None:
         e = summary[name]
         if "by_steps" not in e:
             continue
-        keys = sorted(e["by_steps"], key=int)
+        keys = [k for k in e["horizon_steps"] if k in e["by_steps"]]
         ax.errorbar([int(k) / e["horizon"] for k in keys], [e["by_steps"][k].mean for k in keys],
                     yerr=[e["by_steps"][k].sd for k in keys], marker="o", capsize=3, label=name)
     ax.axvline(1.0, color="grey", ls=":", lw=1)
@@ -138,3 +144,22 @@ def plot_norms(summary, path: Path) -> None:
         ax.axvline(12, color="grey", ls=":", lw=1)
     fig.suptitle("bViT state growth per step (run to 4x the horizon)")
     _finish(plt, fig, list(axes), path)
+
+
+def plot_steps(summary, names: list[str], path: Path) -> None:
+    """Top-1 at every evaluated step (absolute steps, inside and beyond each arm's horizon T; T marked)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 4), dpi=120)
+    for i, name in enumerate(names):
+        e = summary.get(name, {})
+        if "by_steps" not in e:
+            continue
+        keys = sorted(e["by_steps"], key=int)
+        ax.plot([int(k) for k in keys], [e["by_steps"][k].mean for k in keys], marker=".", color=f"C{i}",
+                label=f"{name} (T={e['horizon']})")
+        ax.axvline(e["horizon"], color=f"C{i}", ls=":", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("evaluation step t (log scale; dotted: each arm's T)")
+    ax.set_ylabel("CIFAR-10 top-1 (%), seed mean")
+    ax.set_title("bViT: top-1 after every step")
+    _finish(plt, fig, [ax], path)

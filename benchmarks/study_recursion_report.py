@@ -26,6 +26,8 @@ CHANCE = 10.0  # CIFAR-10 top-1 (%) of a constant guess
 NEAR_CHANCE = 15.0  # "collapse to near chance": top-1 below this
 SPARSE_STEPS = (0, 1, 2, 3, 6, 12, 24, 48)
 ROUTER_MARGIN = 0.05  # a router "favours" a step when that step's mean weight exceeds uniform (1/R) by this
+FUSION_ORDER = ("query", "token", "global", "mean", "last")
+WITHIN = 1.0  # "reaches its horizon accuracy": the step's mean top-1 is within this many points of step T's
 
 
 # -- statistics -----------------------------------------------------------------------------------------
@@ -149,8 +151,23 @@ def summarise(results: dict[str, dict], picks: dict[str, dict], arms: list, sett
                 "flattening": stat([flattening(r["loss_curve"], r["steps"]) for r in good]),
                 "train_seconds": stat([r["train_seconds"] for r in good]),
                 "loss_curve": mean_curve([r["loss_curve"] for r in good]),
-                "by_steps": {k: stat([100 * r["by_steps"][k] for r in good]) for k in good[0]["by_steps"]},
+                # depths every seed was evaluated at (an older result may lack the in-horizon steps)
+                "by_steps": {k: stat([100 * r["by_steps"][k] for r in good])
+                             for k in sorted(set.intersection(*(set(r["by_steps"]) for r in good)), key=int)},
+                "horizon_steps": [str(k) for k in arm.horizon_steps()],
             })
+            if all("swapped" in r for r in good):
+                entry["swapped"] = [{**{k: v for k, v in sw.items() if k != "top1"},
+                                     "top1": stat([100 * r["swapped"][i]["top1"] for r in good])}
+                                    for i, sw in enumerate(good[0]["swapped"])]
+            shared = arm.group.removesuffix("-last")
+            if shared != arm.group and shared in picks and picks[shared]["lr"] != lr:
+                # plain recursion at the lr the fused arms of its depth use (the study's earlier protocol)
+                other = [results.get(f"{arm.name}-lr{picks[shared]['lr']:g}-s{seed}") for seed in settings["seeds"]]
+                other = [r for r in other if r is not None and not r["diverged"]]
+                if other:
+                    entry["top1_at_shared_lr"] = Stat([100 * r["top1"] for r in other], [int(r["seed"]) for r in other])
+                    entry["shared_lr"] = picks[shared]["lr"]
             for key in ("state_norms", "direction_change", "router_entropy"):
                 if key in good[0]:
                     entry[key] = [stat([r[key][i] for r in good]) for i in range(len(good[0][key]))]
@@ -230,20 +247,52 @@ def reading(summary: dict[str, Any], picks: dict[str, dict], settings: dict, lr_
         + f" R=4 − R=1: {compare(loss_r[2], loss_r[0]).text(unit='', words=('higher', 'lower'))}.")
     # SR-ViT accuracy
     r1 = s["srvit-R1-last"]["top1"]
+    modes = [m for m in FUSION_ORDER if "top1" in s.get(f"srvit-R2-{m}", {}) and "top1" in s.get(f"srvit-R4-{m}", {})]
     sentences = []
-    for mode in ("query", "token", "last"):
+    for mode in modes:
         stats = [r1, s[f"srvit-R2-{mode}"]["top1"], s[f"srvit-R4-{mode}"]["top1"]]
         sentences.append(f"`{mode}` {stats[1].fmt()} / {stats[2].fmt()} at R=2/4: " + {
             "rises": "rises with R", "falls": "falls with R", "mixed": "not monotone in R",
             "flat": "R=4 − R=1 inconclusive"}[order(stats)] + f" (R=4 − R=1 {compare(stats[2], r1).text()})")
     lines.append(f"- **Top-1 vs R** (R=1 {r1.fmt()}%): " + "; ".join(sentences) + ". The paper reports SR-ViT-S "
                  "rising 79.83 → 82.48 on ImageNet-1K for R = 1 → 4.")
+    own_lr = [f"R={r} {picks[f'R{r}-last']['lr']:g} (query's: {picks[f'R{r}']['lr']:g})" for r in (2, 4)
+              if f"R{r}-last" in picks and f"R{r}" in picks]
+    if own_lr:
+        shifted = []
+        for r in (2, 4):
+            e = s[f"srvit-R{r}-last"]
+            if "top1_at_shared_lr" in e:
+                gain = compare(e["top1"], e["top1_at_shared_lr"])
+                shifted.append(f"R={r}: at its own lr − at query's lr {gain.text()}")
+        lines.append("- **Plain recursion at its own lr.** `last` has its own sweep per depth: " + ", ".join(own_lr)
+                     + ". " + ("; ".join(shifted) + "." if shifted else
+                               "The sweep picked the same lr as `query`'s, so the earlier comparison stands.")
+                     + " Every comparison with `last` below uses its own pick.")
     fusion = []
     for r in (2, 4):
-        last, token, query = (s[f"srvit-R{r}-{m}"]["top1"] for m in ("last", "token", "query"))
-        fusion.append(f"R={r}: token − last {compare(token, last).text()}, query − last "
-                      f"{compare(query, last).text()}, query − token {compare(query, token).text()}")
-    lines.append("- **SoftMoR vs plain recursion** (same R, lr, budget). " + "; ".join(fusion) + ".")
+        last = s[f"srvit-R{r}-last"]["top1"]
+        fusion.append(f"R={r}: " + ", ".join(f"{m} − last {compare(s[f'srvit-R{r}-{m}']['top1'], last).text()}"
+                                             for m in modes if m != "last"))
+    lines.append("- **Fused vs plain recursion** (same R and budget; fused arms at `query`'s lr). " + "; ".join(fusion)
+                 + ".")
+    routed_gain = None
+    if "mean" in modes:
+        routing, credited = [], []
+        for r in (2, 4):
+            mean = s[f"srvit-R{r}-mean"]["top1"]
+            for m in ("token", "query", "global"):
+                if m in modes:
+                    c = compare(s[f"srvit-R{r}-{m}"]["top1"], mean)
+                    routing.append(f"R={r} {m} − mean {c.text()}")
+                    if c.verdict == "better":
+                        credited.append(f"{m} at R={r}")
+        routed_gain = credited
+        lines.append("- **Routing vs averaging the steps** (`mean`: equal weights, no parameters; `global`: one "
+                     "learned weight per step, shared by all tokens): " + "; ".join(routing) + ". "
+                     + (f"A learned router beats plain averaging for {', '.join(credited)}."
+                        if credited else "No learned router beats plain averaging of the steps here, so what the "
+                        "fused arms gain over `last` cannot be credited to (token-wise) routing at this budget."))
     routers = []
     for name in ("srvit-R4-query", "srvit-R4-token", "srvit-R2-query", "srvit-R2-token"):
         e = s[name]
@@ -264,15 +313,17 @@ def reading(summary: dict[str, Any], picks: dict[str, dict], settings: dict, lr_
                            f"ln {r} = {math.log(r):.2f} nats")
     if routers:
         uniform = [r.split(":")[0] for r in routers if "near uniform" in r]
+        tail = ""
+        if uniform:
+            tail = (f" Near-uniform routers ({', '.join(uniform)}) weigh every step about equally: they act as "
+                    "`mean` fusion, so a gain of these arms over `last` cannot be credited to token-wise routing "
+                    + ("unless they beat the `mean` arm (previous item)." if routed_gain is not None else
+                       "unless a `mean` (and `global`) arm at the same budget is run beside them."))
         lines.append("- **What the trained routers favour** (test images, all tokens): " + "; ".join(routers) + "."
-                     + (f" Near-uniform routers ({', '.join(uniform)}) weigh every step about equally: they act as "
-                        "`mean` fusion, so a gain of these arms over `last` cannot be credited to token-wise routing "
-                        "unless a `mean` (and `global`) arm at the same budget is run beside them."
-                        if uniform else ""))
+                     + tail)
     # deep supervision
     plain, deep = s["bvit-euler"]["by_steps"], s["bvit-euler-ds3"]["by_steps"]
-    keys = sorted(plain, key=int)
-    at, far = keys[0], keys[-1]
+    at, far = str(s["bvit-euler"]["horizon"]), s["bvit-euler"]["horizon_steps"][-1]
     drop_plain = Stat([a - b for a, b in zip(plain[at].values, plain[far].values)], plain[at].seeds)
     drop_deep = Stat([a - b for a, b in zip(deep[at].values, deep[far].values)], deep[at].seeds)
     graceful = compare(drop_plain, drop_deep)
@@ -294,6 +345,64 @@ def reading(summary: dict[str, Any], picks: dict[str, dict], settings: dict, lr_
         f"- **Euler vs Heun.** At matched steps (T=12, h=1; Heun uses 2× the block evaluations) Heun − Euler "
         f"{compare(heun, euler).text()}; at matched block evaluations and integration time (Heun T=6, h=2) "
         f"{compare(matched, euler).text()}.")
+    swaps = []
+    for name in ("bvit-euler", "bvit-heun", "bvit-heun-T6h2"):
+        e = s.get(name, {})
+        for sw in e.get("swapped", []):
+            c = compare(sw["top1"], e["top1"])
+            swaps.append((c, f"{name} with {sw['solver']} (h={sw['step_size']:g}, {sw['steps']} steps, "
+                             f"{sw['block_evaluations']} evaluations) − with its own {c.text()}"))
+    if swaps:
+        worse = sum(c.verdict == "worse" for c, _ in swaps)
+        better = sum(c.verdict == "better" for c, _ in swaps)
+        lines.append(
+            "- **Swapped solvers** (trained weights, the other solver at the same integration time T·h = 12): "
+            + "; ".join(text for _, text in swaps) + f". {worse} of {len(swaps)} swaps are worse, {better} better, "
+            f"{len(swaps) - worse - better} inconclusive: "
+            + ("the trained weights are tied to the discretisation they were trained with, i.e. they do not behave "
+               "as a field that any accurate solver integrates to the same answer." if worse == len(swaps) else
+               "no swap is resolved either way, so this budget cannot tell whether the trained weights depend on "
+               "their solver (inconclusive is not equal)." if worse == 0 and better == 0 else
+               "mixed: some swaps cost accuracy, so the weights are only partly solver-agnostic."))
+    inside = []
+    for name in ("bvit-euler", "bvit-euler-ds3", "bvit-blackbox"):
+        e = s.get(name, {})
+        horizon = e.get("horizon")
+        steps = e.get("by_steps", {})
+        if "top1" not in e or any(str(t) not in steps for t in range(1, horizon + 1)):
+            continue
+        final = steps[str(horizon)].mean
+        reach = next(t for t in range(1, horizon + 1)
+                     if all(steps[str(u)].mean >= final - WITHIN for u in range(t, horizon + 1)))
+        curve = [steps[str(t)].mean for t in range(1, horizon + 1)]
+        shape = "rising at every step" if all(b >= a for a, b in zip(curve, curve[1:])) else "not monotone"
+        inside.append((name, f"{name} {curve[0]:.1f}% at step 1 → {final:.1f}% at step {horizon} ({shape}), within "
+                             f"{WITHIN:g} point of it from step {reach} on"))
+    if inside:
+        text = "; ".join(t for _, t in inside)
+        names = {n for n, _ in inside}
+        if {"bvit-euler", "bvit-euler-ds3"} <= names:
+            mid = str(s["bvit-euler"]["horizon"] // 2)
+            c = compare(s["bvit-euler-ds3"]["by_steps"][mid], s["bvit-euler"]["by_steps"][mid])
+            text += (f". At step {mid}, half the horizon, deep supervision − plain {c.text()}"
+                     + (": the supervised states are usable early (any-time prediction)." if c.verdict == "better"
+                        else "."))
+        lines.append(f"- **Inside the horizon** (top-1 at every step 1..T, seed means): {text}")
+    depths = [n for n in ("bvit-T3", "bvit-T5", "bvit-euler") if "top1" in s.get(n, {})]
+    if len(depths) == 3:
+        stats = [s[n]["top1"] for n in depths]
+        horizons = [s[n]["horizon"] for n in depths]
+        trend = order(stats)
+        deep = [f"T={h} − T={horizons[0]} {compare(st, stats[0]).text()}"
+                for h, st in zip(horizons[1:], stats[1:])]
+        lines.append(
+            f"- **Depth at this budget** (bViT, Euler h=1, T = {', '.join(map(str, horizons))} block evaluations; "
+            f"top-1 {' / '.join(st.fmt() for st in stats)}): " + "; ".join(deep) + ". "
+            + {"rises": "Accuracy rises with T: depth pays at this budget.",
+               "falls": "Accuracy falls with T: more steps of the shared block hurt at this budget.",
+               "mixed": "Not monotone in T.",
+               "flat": f"T={horizons[-1]} − T={horizons[0]} is inconclusive: this budget cannot show that "
+                       "depth matters, so depth trends of the papers cannot be tested with it."}[trend])
     norms = [st.mean for st in s["bvit-blackbox"]["state_norms"]]
     euler_norms = [st.mean for st in s["bvit-euler"]["state_norms"]]
     turns = [st.mean for st in s["bvit-blackbox"]["direction_change"]]
@@ -325,14 +434,19 @@ def reading(summary: dict[str, Any], picks: dict[str, dict], settings: dict, lr_
                "Inconclusive at matched FLOPs."))
     # what this budget can and cannot test
     r4 = s["srvit-R4-query"]["top1"]
+    missing = [label for label, present in (
+        ("`mean` / `global` fusion", "top1" in s.get("srvit-R4-mean", {})),
+        ("bViT at other T", "top1" in s.get("bvit-T3", {})),
+        ("the trained Euler and Heun bViTs evaluated with the other solver", "swapped" in s.get("bvit-euler", {})),
+    ) if not present]
     lines.append(
         f"- **What this budget can and cannot test.** At top-1 ≈ {r1.mean:.0f}% (R=1) after "
-        f"{settings['steps']} steps, the study compares arms early in training: it can test which arm learns faster "
-        f"at equal steps (R=4 query − R=1 {compare(r4, r1).text()}), not the papers' converged ImageNet / "
-        "CIFAR-100 accuracies. Not run here: `mean` / `global` fusion, an lr sweep of its own for `last` and "
-        "`token` (they reuse the lr picked for `query`'s depth group), bViT at other T, the trained Euler and Heun "
-        "bViTs evaluated with the other solver, and per-step top-1 curves of every bViT arm; conclusions that need "
-        "those controls are not drawn above.")
+        f"{settings['steps']} steps (≈{s['srvit-R1-last']['epochs']:.0f} epochs of 5,000 images), the study "
+        f"compares arms early in training: it can test which arm learns faster at equal steps (R=4 query − R=1 "
+        f"{compare(r4, r1).text()}) and what the trained weights do inside (routers, state norms, solvers), not the "
+        "papers' converged ImageNet-1K / CIFAR-100 accuracies, nor whether recursion's gains there appear only "
+        "after hundreds of epochs."
+        + (f" Not run here: {', '.join(missing)}; conclusions that need them are not drawn above." if missing else ""))
     return lines + [""]
 
 
@@ -374,7 +488,9 @@ def write_report(results: dict[str, dict], picks: dict[str, dict], arms: list, s
     ]
     lines += lr_table(results, picks, settings)
     lines += [f"![training loss](./{rel}/loss_curves.png)", ""]
-    lines += ["## 1. SR-ViT: SoftMoR (token, query) vs plain recursion (last)", "",
+    lines += ["## 1. SR-ViT: SoftMoR (token, query), uniform (mean), per-step (global) and plain recursion (last)",
+              "", "`last` uses the lr of its own sweep at each depth (groups R2-last, R4-last); the fused arms use the "
+              "lr picked for `query` at their depth.", "",
               "| arm | R | fusion_mode | params | block evals | top-1 (%) | top-5 (%) | final train loss | "
               "last-20% share | train s |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for a in arms:
@@ -437,27 +553,63 @@ def router_table(s: dict[str, Any]) -> list[str]:
 
 
 def bvit_tables(s: dict[str, Any], arms: list) -> list[str]:
-    lines = ["## 2–3. bViT: deep supervision, solvers and fields, beyond the training horizon", "",
+    lines = ["## 2–4. bViT: deep supervision, solvers and fields, depth; inside and beyond the training horizon",
+             "",
              "Top-1 (%) when run for 1×, 1.5×, 2×, 3× and 4× the training steps T:", "",
              "| arm | solver | T | h | block evals | 1× | 1.5× | 2× | 3× | 4× | final train loss |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for a in arms:
-        if a.section in ("supervision", "solver") and a.name in s and "by_steps" in s[a.name]:
-            if a.name == "bvit-euler" and a.section == "solver":
-                continue
+        if a.name in s and "by_steps" in s[a.name]:
             e = s[a.name]
-            cells = " | ".join(e["by_steps"][k].fmt() for k in sorted(e["by_steps"], key=int))
+            cells = " | ".join(e["by_steps"][k].fmt() if k in e["by_steps"] else "–" for k in e["horizon_steps"])
             name = a.name + (" (deep supervision every 3)" if a.extra else "")
             lines.append(f"| {name} | {a.model.get('solver', 'euler')} | {a.horizon} | "
                          f"{a.model.get('step_size', 1.0):g} | {a.block_evaluations} | {cells} | "
                          f"{e['final_loss'].fmt(3)} |")
+    lines += in_horizon_table(s, arms)
+    lines += swapped_table(s)
     lines += ["", "State norm (mean L2 norm of a token) after step t, on 256 class-balanced test images "
               "(t = 0: the embedding):", "",
               "| arm | " + " | ".join(f"t={t}" for t in SPARSE_STEPS) + " |",
               "| --- | " + " | ".join("---" for _ in SPARSE_STEPS) + " |"]
     for a in arms:
-        if "state_norms" in s.get(a.name, {}) and not (a.name == "bvit-euler" and a.section == "solver"):
+        if "state_norms" in s.get(a.name, {}):
             norms = s[a.name]["state_norms"]
             lines.append(f"| {a.name} | " + " | ".join(f"{norms[t].mean:.3g}" if t < len(norms) else "–"
                                                         for t in SPARSE_STEPS) + " |")
     return lines + [""]
+
+
+def in_horizon_table(s: dict[str, Any], arms: list) -> list[str]:
+    """Top-1 at every step ``1..T`` of each bViT arm evaluated there (seed mean ± s.d.)."""
+    rows = [a for a in arms if a.preset.startswith("cifar10-bvit") and "by_steps" in s.get(a.name, {})
+            and all(str(t) in s[a.name]["by_steps"] for t in range(1, a.horizon + 1))]
+    if not rows:
+        return []
+    width = max(a.horizon for a in rows)
+    lines = ["", "Top-1 (%) at every step inside the training horizon (the same trajectory, read out by the shared "
+             "head after each step):", "", "| arm | T | " + " | ".join(f"t={t}" for t in range(1, width + 1)) + " |",
+             "| --- | --- | " + " | ".join("---" for _ in range(width)) + " |"]
+    for a in rows:
+        steps = s[a.name]["by_steps"]
+        cells = [steps[str(t)].fmt(1) if t <= a.horizon else "" for t in range(1, width + 1)]
+        lines.append(f"| {a.name} | {a.horizon} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def swapped_table(s: dict[str, Any]) -> list[str]:
+    """Each Euler / Heun bViT with its own solver and with the other one at the same integration time."""
+    rows = [(name, s[name]) for name in ("bvit-euler", "bvit-heun", "bvit-heun-T6h2") if "swapped" in s.get(name, {})]
+    if not rows:
+        return []
+    lines = ["", "Swapped solvers: the trained weights run with the other solver at the same integration time "
+             "T·h (`srvit eval --solver S --step-size H --steps N` does the same on any checkpoint):", "",
+             "| trained arm | trained solver, h, T | top-1 own (%) | evaluated with | h | steps | block evals | "
+             "top-1 (%) | swapped − own (paired by seed) |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name, e in rows:
+        trained = f"{e['model'].get('solver', 'euler')}, {e['model'].get('step_size', 1.0):g}, {e['horizon']}"
+        for sw in e["swapped"]:
+            lines.append(f"| {name} | {trained} | {e['top1'].fmt()} | {sw['solver']} | {sw['step_size']:g} | "
+                         f"{sw['steps']} | {sw['block_evaluations']} | {sw['top1'].fmt()} | "
+                         f"{compare(sw['top1'], e['top1']).text()} |")
+    return lines

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from study_recursion import Arm, Settings, next_lr, pick_lr, study_arms  # noqa: E402
+from study_recursion import Arm, Settings, missing_measurements, next_lr, pick_lr, study_arms, swapped_solvers  # noqa: E402
 from study_recursion_measure import probe, spread, summarise_history  # noqa: E402
 from study_recursion_report import Stat, compare, flattening, order, reading, summarise  # noqa: E402
 
@@ -37,26 +37,40 @@ def _run(arm: Arm, seed: int, top1: float, loss: float = 1.5, by_steps: dict | N
 
 
 def _study(r4_top1=(40.0, 40.5, 39.5), r2_top1=(36.0, 36.3, 36.6), plain_far=(20.0, 21.0, 19.0),
-           blackbox_growth=2.0, blackbox_top1=30.0, r4_loss=1.5) -> tuple[dict, dict]:
+           blackbox_growth=2.0, blackbox_top1=30.0, r4_loss=1.5, top1: dict | None = None,
+           swapped: dict | None = None, inside: dict | None = None) -> tuple[dict, dict]:
+    """Synthetic results of every arm x 3 seeds. ``top1``: per-arm seed values overriding the defaults;
+    ``swapped``: per-arm top-1 of each swapped-solver evaluation (all seeds); ``inside``: per-arm top-1 at steps
+    1..T (all seeds)."""
     results, picks = {}, {}
     for arm in study_arms():
         picks.setdefault(arm.group, {"lr": 1e-3, "arm": arm.name, "losses": {"0.0005": 1.6, "0.001": 1.5,
                                                                              "0.002": None}, "edge": False})
         for seed in (0, 1, 2):
-            top1 = {"srvit-R1-last": 35.0 + seed * 0.3, "bvit-blackbox": blackbox_top1 + seed * 0.2}.get(arm.name)
+            value = {"srvit-R1-last": 35.0 + seed * 0.3, "bvit-blackbox": blackbox_top1 + seed * 0.2}.get(arm.name)
             if arm.name.startswith("srvit-R4"):
-                top1 = r4_top1[seed]
+                value = r4_top1[seed]
             if arm.name.startswith("srvit-R2"):
-                top1 = r2_top1[seed]
-            top1 = 36.0 + seed * 0.3 if top1 is None else top1
+                value = r2_top1[seed]
+            value = 36.0 + seed * 0.3 if value is None else value
+            if top1 and arm.name in top1:
+                value = top1[arm.name][seed]
             loss = r4_loss if arm.name.startswith("srvit-R4") else 1.5
             loss += 0.01 * seed
             steps = {}
             if arm.preset.startswith("cifar10-bvit"):
                 far = plain_far[seed] if arm.name == "bvit-euler" else 35.0 + seed * 0.2
                 steps = {arm.horizon: 36.0 + seed * 0.2, 2 * arm.horizon: 35.5, 4 * arm.horizon: far}
+                if inside and arm.name in inside:
+                    steps.update({t + 1: v + seed * 0.2 for t, v in enumerate(inside[arm.name])})
             growth = blackbox_growth if arm.name == "bvit-blackbox" else 1.05
-            results[f"{arm.name}-lr0.001-s{seed}"] = _run(arm, seed, top1, loss, steps, growth)
+            run = _run(arm, seed, value, loss, steps, growth)
+            if swapped and arm.name in swapped:
+                run["swapped"] = [{"solver": method, "step_size": h, "steps": n, "time": n * h,
+                                   "block_evaluations": n * (2 if method == "heun" else 1),
+                                   "top1": (swapped[arm.name][i] + seed * 0.2) / 100}
+                                  for i, (method, h, n) in enumerate(swapped_solvers(arm))]
+            results[f"{arm.name}-lr0.001-s{seed}"] = run
     return results, picks
 
 
@@ -98,9 +112,10 @@ def test_depth_trend_and_fusion_sentences_follow_the_numbers() -> None:
     assert "not monotone in R" in mixed and "falls" not in mixed
     falling = _line(_reading(*_study(r4_top1=(30.0, 30.3, 30.6), r2_top1=(33.0, 33.3, 33.6))), "- **Top-1 vs R**")
     assert "`last` 33.30 ± 0.30 / 30.30 ± 0.30 at R=2/4: falls with R" in falling
-    fusion = _line(_reading(*_study()), "- **SoftMoR vs plain recursion**")
-    assert "R=4: token − last +0.00 points [+0.00, +0.00] (paired by seed, 95% t, n = 3; 0/3 higher: inconclusive)" \
-        in fusion
+    fusion = _line(_reading(*_study()), "- **Fused vs plain recursion**")
+    r4 = fusion[fusion.index("R=4:"):]
+    assert "token − last +0.00 points [+0.00, +0.00] (paired by seed, 95% t, n = 3; 0/3 higher: inconclusive)" in r4
+    assert all(f"{m} − last" in r4 for m in ("query", "token", "global", "mean"))
     loss = _line(_reading(*_study(r4_loss=1.8)), "- **Training loss vs R**")
     assert "rises with R (R=4 − R=1 paired: higher)" in loss
     assert "inconclusive" in _line(_reading(*_study(r4_loss=1.5)), "- **Training loss vs R**")
@@ -135,7 +150,80 @@ def test_matched_flops_router_uniformity_and_budget_sentences() -> None:
     router = _line(_reading(results, picks), "- **What the trained routers favour**")
     assert "act as `mean` fusion" in router and "cannot be credited to token-wise routing" in router
     budget = _line(_reading(results, picks), "- **What this budget can and cannot test.**")
-    assert "`mean` / `global` fusion" in budget and "R=4 query − R=1" in budget
+    assert "R=4 query − R=1" in budget and "`mean` / `global`" not in budget
+    assert "Not run here: the trained Euler and Heun bViTs evaluated with the other solver" in budget
+    older = {k: v for k, v in results.items() if "-mean-" not in k and "-global-" not in k}
+    summary = summarise(older, picks, [a for a in study_arms() if a.model.get("fusion_mode") not in ("mean", "global")],
+                        SETTINGS)
+    lines = reading(summary, picks, SETTINGS, SETTINGS["lr_grid"])
+    assert "Not run here: `mean` / `global` fusion" in _line(lines, "- **What this budget can and cannot test.**")
+    assert "unless a `mean` (and `global`) arm" in _line(lines, "- **What the trained routers favour**")
+    assert not any(line.startswith("- **Routing vs averaging") for line in lines)
+
+
+def test_routing_is_credited_only_where_it_beats_mean_fusion() -> None:
+    same = _line(_reading(*_study()), "- **Routing vs averaging the steps**")
+    assert "No learned router beats plain averaging" in same and "R=4 token − mean +0.00 points" in same
+    ahead = {"srvit-R4-token": (41.0, 41.6, 40.4)}  # +1.0 +1.1 +0.9 over every R=4 arm, mean included
+    routed = _line(_reading(*_study(top1=ahead)), "- **Routing vs averaging the steps**")
+    assert "A learned router beats plain averaging for token at R=4." in routed
+    assert "R=4 token − mean +1.00 points [" in routed and "better" in routed
+
+
+def test_plain_recursion_at_its_own_lr_is_compared_with_the_shared_lr() -> None:
+    results, picks = _study()
+    assert "picked the same lr as `query`'s" in _line(_reading(results, picks), "- **Plain recursion at its own lr.**")
+    picks["R4-last"] = {**picks["R4-last"], "lr": 2e-3}
+    arm = next(a for a in study_arms() if a.name == "srvit-R4-last")
+    for seed in (0, 1, 2):  # at its own lr plain recursion gains 2 points on every seed
+        results[f"srvit-R4-last-lr0.002-s{seed}"] = _run(arm, seed, 42.0 + seed * 0.1, 1.5)
+    line = _line(_reading(results, picks), "- **Plain recursion at its own lr.**")
+    assert "R=4 0.002 (query's: 0.001)" in line
+    assert "R=4: at its own lr − at query's lr +2.10 points [" in line and "better" in line
+    fused = _line(_reading(results, picks), "- **Fused vs plain recursion**")
+    assert "R=4: query − last -2.10 points [" in fused  # the comparison uses last's own pick
+
+
+def test_swapped_solver_depth_and_in_horizon_sentences_follow_the_numbers() -> None:
+    # trained Euler/Heun bViTs score 36.0 + 0.2 seed; swaps 3 points below on every seed: all worse
+    low = {name: (33.0, 33.0) for name in ("bvit-euler", "bvit-heun", "bvit-heun-T6h2")}
+    worse = _line(_reading(*_study(swapped=low)), "- **Swapped solvers**")
+    assert "6 of 6 swaps are worse" in worse and "tied to the discretisation" in worse
+    assert "bvit-heun-T6h2 with euler (h=1, 12 steps, 12 evaluations) − with its own -3.10 points" in worse
+    even = {name: (36.0, 36.0) for name in ("bvit-euler", "bvit-heun", "bvit-heun-T6h2")}
+    assert "cannot tell whether the trained weights depend" in _line(_reading(*_study(swapped=even)),
+                                                                       "- **Swapped solvers**")
+    rising = {"bvit-T3": (30.0, 30.4, 29.6), "bvit-T5": (33.0, 33.5, 32.5), "bvit-euler": (36.0, 36.3, 35.7)}
+    assert "Accuracy rises with T: depth pays" in _line(_reading(*_study(top1=rising)), "- **Depth at this budget**")
+    flat = {"bvit-T3": (36.0, 35.0, 37.0), "bvit-T5": (36.1, 35.2, 36.6), "bvit-euler": (35.5, 36.9, 36.0)}
+    assert "this budget cannot show that depth matters" in _line(_reading(*_study(top1=flat)),
+                                                                 "- **Depth at this budget**")
+    curve = [20.0, 28.0, 31.0, 33.0, 34.0, 34.5, 35.0, 35.4, 35.6, 35.8, 35.9, 36.0]
+    supervised = [30.0, 31.0, 33.0, 34.0, 35.0, 35.5, 35.6, 35.7, 35.8, 35.9, 36.0, 36.0]
+    line = _line(_reading(*_study(inside={"bvit-euler": curve, "bvit-euler-ds3": supervised})),
+                 "- **Inside the horizon**")
+    assert "bvit-euler 20.2% at step 1 → 36.2% at step 12 (rising at every step), within 1 point of it from step 7 on" \
+        in line
+    assert "At step 6, half the horizon, deep supervision − plain +1.00 points [" in line
+    assert "usable early (any-time prediction)" in line
+    assert "bvit-blackbox" not in line  # no in-horizon steps stored for it: not described
+
+
+def test_new_measurements_are_required_of_older_bvit_results() -> None:
+    arms = {a.name: a for a in study_arms()}
+    euler, deep, r4 = arms["bvit-euler"], arms["bvit-euler-ds3"], arms["srvit-R4-query"]
+    assert euler.eval_steps() == tuple(range(1, 13)) + (18, 24, 36, 48) and r4.eval_steps() == ()
+    assert arms["bvit-T5"].eval_steps() == (1, 2, 3, 4, 5, 8, 10, 15, 20)
+    old = {"diverged": False, "by_steps": {"12": 0.3, "18": 0.28, "24": 0.26, "36": 0.2, "48": 0.18}}
+    assert missing_measurements(old, euler) == ["by_steps 1..T", "swapped"]
+    assert missing_measurements(old, deep) == ["by_steps 1..T"]  # deep supervision is no solver arm
+    complete = {**old, "by_steps": {str(t): 0.3 for t in range(1, 49)}, "swapped": []}
+    assert missing_measurements(complete, euler) == [] and missing_measurements({"diverged": True}, euler) == []
+    assert missing_measurements({"diverged": False}, r4) == []
+    assert swapped_solvers(euler) == [("heun", 1.0, 12), ("heun", 2.0, 6)]
+    assert swapped_solvers(arms["bvit-heun"]) == [("euler", 1.0, 12), ("euler", 0.5, 24)]
+    assert swapped_solvers(arms["bvit-heun-T6h2"]) == [("euler", 2.0, 6), ("euler", 1.0, 12)]
+    assert swapped_solvers(arms["bvit-blackbox"]) == swapped_solvers(arms["bvit-T3"]) == swapped_solvers(deep) == []
 
 
 def test_router_and_lr_sentences() -> None:
@@ -228,8 +316,8 @@ def test_the_study_runs_end_to_end_at_a_tiny_budget(cifar10, tmp_path: Path) -> 
     text = out.read_text()
     assert "## Reading" in text and "- **Black-box field.**" in text
     assert {p.name for p in (tmp_path / "report").iterdir()} == {
-        "fusion.png", "loss_curves.png", "results.json", "routers.png", "solver.png", "state_norms.png",
-        "supervision.png"}
+        "fusion.png", "loss_curves.png", "per_step.png", "results.json", "routers.png", "solver.png",
+        "state_norms.png", "supervision.png"}
     assert main(args) == 0  # a rerun reuses every finished run
 
 

@@ -104,3 +104,17 @@ def test_count_macs_of_linear_and_conv() -> None:
     assert count_macs(lin, torch.zeros(5, 8)) == 5 * 8 * 4
     conv = torch.nn.Conv2d(3, 6, 3, padding=1)
     assert count_macs(conv, torch.zeros(1, 3, 10, 10)) == 10 * 10 * 6 * 3 * 9
+
+
+def test_rank_failure_helper_reraises_the_own_error_and_passes_without_one() -> None:
+    """Single process (no process group): the helper is a no-op without an error and re-raises the very error
+    otherwise; the torchrun path (peers get RemoteRankError with the message) is exercised by the evaluation and
+    encoding fault tests."""
+    from looprun.distributed import DistributedContext, raise_if_any_rank_failed
+
+    ctx = DistributedContext(rank=0, world_size=1)
+    raise_if_any_rank_failed(None, "evaluation", ctx)
+    error = ValueError("sample 'broken' of shard x.tar cannot be decoded")
+    with pytest.raises(ValueError) as raised:
+        raise_if_any_rank_failed(error, "evaluation", ctx)
+    assert raised.value is error

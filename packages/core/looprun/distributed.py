@@ -156,3 +156,19 @@ def reported_failure(ctx: DistributedContext) -> str | None:
     if store is None or not store.check([_FAILURE_KEY]):
         return None
     return store.get(_FAILURE_KEY).decode()
+
+
+def raise_if_any_rank_failed(error: BaseException | None, what: str, ctx: DistributedContext) -> None:
+    """Collective, called by every rank after its share of work: when any rank failed, every rank raises.
+
+    The failing rank reports its one-line error (:func:`report_failure`) and re-raises ``error``; the others raise
+    :class:`RemoteRankError` ("``what`` failed on another rank: rank N: ..."), so no rank waits in a later
+    collective for a peer that is gone.
+    """
+    if error is not None:
+        text = str(error).strip()
+        report_failure(ctx, text.splitlines()[-1] if text else type(error).__name__)
+    if any_rank(error is not None, ctx):
+        if error is not None:
+            raise error
+        raise RemoteRankError(f"{what} failed on another rank: {reported_failure(ctx) or 'see its log'}")

@@ -39,11 +39,10 @@ from loopdata.writer import TarShardWriter
 from looprun.checkpoint import write_atomic
 from looprun.distributed import (
     RemoteRankError,
-    any_rank,
     barrier,
     gather_objects,
     init_distributed,
-    report_failure,
+    raise_if_any_rank_failed,
     reported_failure,
 )
 
@@ -223,11 +222,7 @@ def encode_dataset(checkpoint: str | Path, data: str, out_dir: str | Path, optio
             records.append(record)
     except Exception as err:  # noqa: BLE001 - re-raised below, after telling the other ranks
         error = err
-        report_failure(ctx, str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__)
-    if any_rank(error is not None, ctx):
-        if error is not None:
-            raise error
-        raise RemoteRankError(f"encoding failed on another rank: {reported_failure(ctx) or 'see its log'}")
+    raise_if_any_rank_failed(error, "encoding", ctx)
     all_records = sorted((r for part in gather_objects(records, ctx) for r in part), key=lambda r: r["output"])
     meta: dict[str, Any] = {}
     if ctx.is_main:

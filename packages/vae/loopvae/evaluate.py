@@ -24,10 +24,9 @@ from looprun.checkpoint import write_atomic
 from looprun.distributed import (
     DistributedContext,
     RemoteRankError,
-    any_rank,
     gather_objects,
     init_distributed,
-    report_failure,
+    raise_if_any_rank_failed,
     reported_failure,
     sum_across_ranks,
 )
@@ -186,11 +185,7 @@ def _evaluate(checkpoint: str | Path, data: str, out: Path, options: EvalOptions
                                           grid_ref, grid_rec)
     except Exception as err:  # noqa: BLE001 - re-raised below, after telling the other ranks
         error = err
-        report_failure(ctx, str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__)
-    if any_rank(error is not None, ctx):
-        if error is not None:
-            raise error
-        raise RemoteRankError(f"evaluation failed on another rank: {reported_failure(ctx) or 'see its log'}")
+    raise_if_any_rank_failed(error, "evaluation", ctx)
     total = sum_across_ranks(len(rows), ctx)
     rfid = float(fid.compute()) if fid is not None and total > 1 else None  # compute() is a collective
     if fid is not None and rfid is None:
