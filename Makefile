@@ -35,8 +35,8 @@ bench: setup
 bench-gpu: setup
 	benchmarks/gpu_profile.sh
 
-# The recurrence study on the shared CIFAR-10 shards (3 seeds, lr sweep; about 1.5 hours on 2 CPU cores)
-# -> docs/study_recursion.md; finished runs in runs/study are reused.
+# The recurrence study on the shared CIFAR-10 shards (74 runs: 3 seeds, lr sweeps; about 3.4 hours on 2 CPU
+# cores) -> docs/study_recursion.md; finished runs in runs/study are reused.
 study: setup
 	$(BIN)/python benchmarks/study_recursion.py --out docs/study_recursion.md
 
@@ -44,7 +44,7 @@ study: setup
 study-report: setup
 	$(BIN)/python benchmarks/study_recursion.py --report-only
 
-# The same study at 1 seed, 200 steps and 2,000 test images (a check, ~15 minutes) -> runs/study-quick/.
+# The same study at 1 seed, 200 steps and 2,000 test images (a check, ~40 minutes) -> runs/study-quick/.
 study-quick: setup
 	$(BIN)/python benchmarks/study_recursion.py --quick
 

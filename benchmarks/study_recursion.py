@@ -2,24 +2,32 @@
 
 Arms (every one trained at several seeds; seed = initialisation and data order):
 
-1. SR-ViT R = 1, 2, 4 x SoftMoR ``fusion_mode`` in {last (plain recursion), token, query}.
-2. bViT (T = 12) with and without stage-wise deep supervision, evaluated at 1x..4x the training horizon.
+1. SR-ViT R = 1, 2, 4 x SoftMoR ``fusion_mode`` in {last (plain recursion), mean (equal weights), global (one
+   learned weight per step), token, query}; ``mean`` and ``global`` are the controls that tell token-wise routing
+   from averaging the steps.
+2. bViT (T = 12) with and without stage-wise deep supervision, evaluated at every step 1..T and at 1x..4x the
+   training horizon.
 3. bViT through Euler (h = 1), Heun at matched *steps* (T = 12, h = 1: twice the block evaluations) and at
    matched *block evaluations* (T = 6, h = 2: the same 12 evaluations and the same integration time), and the
-   black-box field ``z' = F(z)``, whose state norm per step is recorded beside Euler's.
+   black-box field ``z' = F(z)``, whose state norm per step is recorded beside Euler's. The trained Euler and
+   Heun bViTs are also evaluated with the *other* solver at the same integration time (:func:`swapped_solvers`).
+4. bViT (Euler) at T = 3 and T = 5 beside T = 12: does depth matter at this budget?
 
-The learning rate is not assumed: a short sweep per depth group (R = 1, R = 2, R = 4, bViT) trains seed 0 at each
-lr of the grid, and the lr with the lowest final training loss is used for every arm and seed of that group (the
-sweep's seed-0 run at the picked lr *is* that arm's seed-0 run). The picks, the losses behind them, the loss curves,
-the router entropies logged during training and everything else land in ``result.json`` per run; the report module
-(:mod:`study_recursion_report`) turns them into tables, plots and a reading computed from the numbers.
+The learning rate is not assumed: a short sweep per depth group (R = 1, R = 2, R = 4, bViT, and plain recursion at
+R = 2 and 4 on its own: R2-last, R4-last) trains seed 0 at each lr of the grid, and the lr with the lowest final
+training loss is used for every arm and seed of that group (the sweep's seed-0 run at the picked lr *is* that arm's
+seed-0 run). The fused arms (mean, global, token, query) use the lr picked for query at their depth. The picks, the
+losses behind them, the loss curves, the router entropies logged during training and everything else land in
+``result.json`` per run; the report module (:mod:`study_recursion_report`) turns them into tables, plots and a
+reading computed from the numbers.
 
 Usage: ``python benchmarks/study_recursion.py --out docs/study_recursion.md`` (``make study``: 3 seeds) or
-``--quick`` (``make study-quick``: 1 seed, a third of the steps, 2,000 test images; writes into the runs folder,
-not docs). Runs live in ``--runs``; a run whose ``result.json`` exists (with the same settings) is reused, so an
-interrupted study resumes where it stopped; ``--fresh`` retrains everything. ``--jobs`` runs that many trainings
-side by side, each on ``cores / jobs`` threads (two single-threaded runs beat one two-threaded run on a 2-core
-machine for these small matrices).
+``--quick`` (``make study-quick``: 1 seed, a third of the steps, 2,000 test images; writes into the runs folder, not
+docs). Runs live in ``--runs``; a run whose ``result.json`` exists (with the same settings) is reused, so an
+interrupted study resumes where it stopped; a stored result that lacks a measurement this version takes
+(:func:`missing_measurements`) is measured again from its weights, or retrained when they are gone; ``--fresh``
+retrains everything. ``--jobs`` runs that many trainings side by side, each on ``cores / jobs`` threads (two
+single-threaded runs beat one two-threaded run on a 2-core machine for these small matrices).
 """
 
 from __future__ import annotations
@@ -325,6 +333,17 @@ def next_lr(pick: dict[str, Any], tried: list[float], settings: Settings) -> flo
     return min(tried) / 2 if pick["lr"] == min(tried) else max(tried) * 2
 
 
+def shared_lr_tasks(picks: dict[str, dict], arms: dict[str, Arm], settings: Settings) -> list[Task]:
+    """Plain recursion also at the lr its fused arms use (every seed), when its own sweep picked another one: the
+    control that shows how much of a fused - plain difference is the lr."""
+    tasks = []
+    for group, pick in picks.items():
+        base = group.removesuffix("-last")
+        if base != group and base in picks and picks[base]["lr"] != pick["lr"]:
+            tasks += [Task(arms[SWEEP_ARMS[group]], picks[base]["lr"], seed) for seed in settings.seeds]
+    return tasks
+
+
 def run_study(paths: Paths, jobs: int) -> tuple[dict[str, dict], dict[str, dict]]:
     """Run the sweep, then every arm x seed at its group's picked lr; ``(results by run name, picks by group)``.
 
@@ -372,6 +391,8 @@ def run_study(paths: Paths, jobs: int) -> tuple[dict[str, dict], dict[str, dict]
         main = [Task(a, picks[group]["lr"], s) for a in arms.values() if a.group == group for s in settings.seeds]
         for task in sorted(main, key=lambda t: -t.cost):
             submit(task, main=True)
+        for task in shared_lr_tasks(picks, arms, settings):
+            submit(task)
 
     try:
         for group in groups:

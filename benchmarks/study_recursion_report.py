@@ -218,6 +218,11 @@ def reading(summary: dict[str, Any], picks: dict[str, dict], settings: dict, lr_
                            for lr, v in sorted(pick["losses"].items(), key=lambda kv: float(kv[0])))
         edge = (" — still at the edge after extending the grid, so a better lr may lie outside it"
                 if pick["edge"] else "")
+        finite = sorted((v, float(lr)) for lr, v in pick["losses"].items() if v is not None)
+        noise = s.get(pick["arm"], {}).get("final_loss")
+        if len(finite) > 1 and noise is not None and noise.n > 1 and finite[1][0] - finite[0][0] < noise.sd:
+            edge += (f" — the runner-up {finite[1][1]:g} is only {finite[1][0] - finite[0][0]:.3f} behind, less than "
+                     f"the seed s.d. of this arm's final loss ({noise.sd:.3f}): a coin toss between the two")
         parts.append(f"{group} ({pick['arm']}) {pick['lr']:g} [{losses}]{edge}")
     lines.append("- **Learning rates.** Picked per depth group by the lowest final training loss of seed 0 over "
                  f"the grid {{{', '.join(f'{v:g}' for v in lr_grid)}}}, extended by halving / doubling while the "
@@ -264,7 +269,10 @@ def reading(summary: dict[str, Any], picks: dict[str, dict], settings: dict, lr_
             e = s[f"srvit-R{r}-last"]
             if "top1_at_shared_lr" in e:
                 gain = compare(e["top1"], e["top1_at_shared_lr"])
-                shifted.append(f"R={r}: at its own lr − at query's lr {gain.text()}")
+                against = ", ".join(f"{m} − last {compare(s[f'srvit-R{r}-{m}']['top1'], e['top1_at_shared_lr']).text()}"
+                                    for m in modes if m != "last")
+                shifted.append(f"R={r}: at its own lr − at query's lr {gain.text()}; against `last` at query's lr "
+                               f"({e['shared_lr']:g}) instead: {against}")
         lines.append("- **Plain recursion at its own lr.** `last` has its own sweep per depth: " + ", ".join(own_lr)
                      + ". " + ("; ".join(shifted) + "." if shifted else
                                "The sweep picked the same lr as `query`'s, so the earlier comparison stands.")
@@ -353,17 +361,21 @@ def reading(summary: dict[str, Any], picks: dict[str, dict], settings: dict, lr_
             swaps.append((c, f"{name} with {sw['solver']} (h={sw['step_size']:g}, {sw['steps']} steps, "
                              f"{sw['block_evaluations']} evaluations) − with its own {c.text()}"))
     if swaps:
-        worse = sum(c.verdict == "worse" for c, _ in swaps)
-        better = sum(c.verdict == "better" for c, _ in swaps)
+        verdicts = []
+        for name in ("bvit-euler", "bvit-heun", "bvit-heun-T6h2"):
+            own = [c for c, text in swaps if text.startswith(name + " with")]
+            if not own:
+                continue
+            worse = sum(c.verdict == "worse" for c in own)
+            better = sum(c.verdict == "better" for c in own)
+            verdicts.append(f"{name}: {worse} of {len(own)} worse, {better} better" + (
+                " (tied to the discretisation it was trained with)" if worse == len(own) else
+                " (no swap is worse; inconclusive is not equal)" if worse == 0 else " (partly tied)"))
         lines.append(
             "- **Swapped solvers** (trained weights, the other solver at the same integration time T·h = 12): "
-            + "; ".join(text for _, text in swaps) + f". {worse} of {len(swaps)} swaps are worse, {better} better, "
-            f"{len(swaps) - worse - better} inconclusive: "
-            + ("the trained weights are tied to the discretisation they were trained with, i.e. they do not behave "
-               "as a field that any accurate solver integrates to the same answer." if worse == len(swaps) else
-               "no swap is resolved either way, so this budget cannot tell whether the trained weights depend on "
-               "their solver (inconclusive is not equal)." if worse == 0 and better == 0 else
-               "mixed: some swaps cost accuracy, so the weights are only partly solver-agnostic."))
+            + "; ".join(text for _, text in swaps) + ". Per trained arm: " + "; ".join(verdicts) + ". A solver swap "
+            "that costs accuracy means the weights fit their discretisation rather than a field that any accurate "
+            "solver integrates to the same answer.")
     inside = []
     for name in ("bvit-euler", "bvit-euler-ds3", "bvit-blackbox"):
         e = s.get(name, {})
@@ -376,8 +388,10 @@ def reading(summary: dict[str, Any], picks: dict[str, dict], settings: dict, lr_
                      if all(steps[str(u)].mean >= final - WITHIN for u in range(t, horizon + 1)))
         curve = [steps[str(t)].mean for t in range(1, horizon + 1)]
         shape = "rising at every step" if all(b >= a for a, b in zip(curve, curve[1:])) else "not monotone"
-        inside.append((name, f"{name} {curve[0]:.1f}% at step 1 → {final:.1f}% at step {horizon} ({shape}), within "
-                             f"{WITHIN:g} point of it from step {reach} on"))
+        peak = max(range(horizon), key=lambda i: curve[i])
+        top = "" if peak == horizon - 1 else f", peak {curve[peak]:.1f}% at step {peak + 1}"
+        inside.append((name, f"{name} {curve[0]:.1f}% at step 1 → {final:.1f}% at step {horizon} ({shape}{top}), "
+                             f"within {WITHIN:g} point of it from step {reach} on"))
     if inside:
         text = "; ".join(t for _, t in inside)
         names = {n for n, _ in inside}
@@ -470,8 +484,9 @@ def write_report(results: dict[str, dict], picks: dict[str, dict], arms: list, s
         f"{compute / 3600:.2f} job-hours of training and evaluation in all, so about "
         f"{compute / run_info['jobs'] / 60:.0f} minutes of wall time with {run_info['jobs']} jobs side by side "
         "(per-run times as measured; a run that overlapped other work on the machine counts its slower time). "
-        f"The last invocation took {run_info['wall_seconds'] / 60:.0f} minutes (finished runs are reused, so an "
-        "interrupted study resumes).", "",
+        + (f"The last invocation took {run_info['wall_seconds'] / 60:.0f} minutes" if run_info["wall_seconds"] >= 60
+           else "The last invocation trained nothing new")
+        + " (finished runs are reused, so an interrupted study resumes).", "",
         "**Data and protocol.** The shared CIFAR-10 shards: 5,000 training images (500 per class, JPEG q75 copies "
         "of the originals) and all 10,000 test images"
         + (f" (an evenly spread, class-balanced {settings['eval_images']:,} of them here)"
@@ -503,7 +518,7 @@ def write_report(results: dict[str, dict], picks: dict[str, dict], arms: list, s
     lines += router_table(s)
     lines += bvit_tables(s, arms)
     lines += [f"![deep supervision](./{rel}/supervision.png) ![solvers](./{rel}/solver.png) "
-              f"![state norms](./{rel}/state_norms.png)", ""]
+              f"![state norms](./{rel}/state_norms.png) ![top-1 after every step](./{rel}/per_step.png)", ""]
     lines += reading(summary, picks, settings, list(settings["lr_grid"]))
     lines += ["## Raw results", "",
               f"Every run's `result.json` (loss and entropy curves, state norms, router weights, accuracies), the lr "
@@ -559,7 +574,7 @@ def bvit_tables(s: dict[str, Any], arms: list) -> list[str]:
              "| arm | solver | T | h | block evals | 1× | 1.5× | 2× | 3× | 4× | final train loss |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for a in arms:
-        if a.name in s and "by_steps" in s[a.name]:
+        if s.get(a.name, {}).get("horizon_steps") and "by_steps" in s[a.name]:
             e = s[a.name]
             cells = " | ".join(e["by_steps"][k].fmt() if k in e["by_steps"] else "–" for k in e["horizon_steps"])
             name = a.name + (" (deep supervision every 3)" if a.extra else "")

@@ -8,7 +8,16 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from study_recursion import Arm, Settings, missing_measurements, next_lr, pick_lr, study_arms, swapped_solvers  # noqa: E402
+from study_recursion import (  # noqa: E402
+    Arm,
+    Settings,
+    missing_measurements,
+    next_lr,
+    pick_lr,
+    shared_lr_tasks,
+    study_arms,
+    swapped_solvers,
+)
 from study_recursion_measure import probe, spread, summarise_history  # noqa: E402
 from study_recursion_report import Stat, compare, flattening, order, reading, summarise  # noqa: E402
 
@@ -180,6 +189,7 @@ def test_plain_recursion_at_its_own_lr_is_compared_with_the_shared_lr() -> None:
     line = _line(_reading(results, picks), "- **Plain recursion at its own lr.**")
     assert "R=4 0.002 (query's: 0.001)" in line
     assert "R=4: at its own lr − at query's lr +2.10 points [" in line and "better" in line
+    assert "against `last` at query's lr (0.001) instead: query − last +0.00 points" in line
     fused = _line(_reading(results, picks), "- **Fused vs plain recursion**")
     assert "R=4: query − last -2.10 points [" in fused  # the comparison uses last's own pick
 
@@ -188,11 +198,14 @@ def test_swapped_solver_depth_and_in_horizon_sentences_follow_the_numbers() -> N
     # trained Euler/Heun bViTs score 36.0 + 0.2 seed; swaps 3 points below on every seed: all worse
     low = {name: (33.0, 33.0) for name in ("bvit-euler", "bvit-heun", "bvit-heun-T6h2")}
     worse = _line(_reading(*_study(swapped=low)), "- **Swapped solvers**")
-    assert "6 of 6 swaps are worse" in worse and "tied to the discretisation" in worse
+    assert "bvit-euler: 2 of 2 worse, 0 better (tied to the discretisation it was trained with)" in worse
+    assert "bvit-heun-T6h2: 2 of 2 worse" in worse
     assert "bvit-heun-T6h2 with euler (h=1, 12 steps, 12 evaluations) − with its own -3.10 points" in worse
     even = {name: (36.0, 36.0) for name in ("bvit-euler", "bvit-heun", "bvit-heun-T6h2")}
-    assert "cannot tell whether the trained weights depend" in _line(_reading(*_study(swapped=even)),
-                                                                       "- **Swapped solvers**")
+    mixed = {**even, "bvit-euler": (33.0, 36.0)}  # Heun at h=1 costs the Euler-trained weights 3 points
+    line = _line(_reading(*_study(swapped=mixed)), "- **Swapped solvers**")
+    assert "bvit-euler: 1 of 2 worse, 0 better (partly tied)" in line
+    assert "bvit-heun: 0 of 2 worse, 0 better (no swap is worse; inconclusive is not equal)" in line
     rising = {"bvit-T3": (30.0, 30.4, 29.6), "bvit-T5": (33.0, 33.5, 32.5), "bvit-euler": (36.0, 36.3, 35.7)}
     assert "Accuracy rises with T: depth pays" in _line(_reading(*_study(top1=rising)), "- **Depth at this budget**")
     flat = {"bvit-T3": (36.0, 35.0, 37.0), "bvit-T5": (36.1, 35.2, 36.6), "bvit-euler": (35.5, 36.9, 36.0)}
@@ -349,3 +362,19 @@ def test_logged_history_keeps_the_steps_of_an_interrupted_run(kodak_labelled, tm
     for logged, live in zip(history[3:], resumed.history):
         assert logged["loss_final"] == pytest.approx(live["loss_final"], rel=1e-6)
         assert logged["fusion_entropy/block01"] == pytest.approx(live["fusion_entropy/block01"], rel=1e-6)
+
+
+def test_lr_picks_within_seed_noise_are_flagged_and_plain_recursion_gets_the_shared_lr_too() -> None:
+    results, picks = _study()
+    assert "coin toss" not in _line(_reading(results, picks), "- **Learning rates.**")
+    picks["R4-last"] = {**picks["R4-last"], "losses": {"0.00025": 1.500, "0.0005": 1.505, "0.001": 1.6}}
+    for r in results.values():
+        if r["arm"] == "srvit-R4-last":
+            r["final_train_loss"] = 1.5 + 0.02 * r["seed"]  # seed s.d. 0.02 > the 0.005 margin
+    line = _line(_reading(results, picks), "- **Learning rates.**")
+    assert "R4-last (srvit-R4-last) 0.001 [0.00025: 1.500, 0.0005: 1.505, 0.001: 1.600] — the runner-up 0.0005 is " \
+        "only 0.005 behind, less than the seed s.d. of this arm's final loss (0.020): a coin toss" in line
+    arms = {a.name: a for a in study_arms()}
+    picks = {"R4": {"lr": 5e-4}, "R4-last": {"lr": 2.5e-4}, "R2": {"lr": 5e-4}, "R2-last": {"lr": 5e-4}}
+    tasks = shared_lr_tasks(picks, arms, Settings(seeds=(0, 1, 2)))
+    assert [t.name for t in tasks] == [f"srvit-R4-last-lr0.0005-s{seed}" for seed in (0, 1, 2)]
