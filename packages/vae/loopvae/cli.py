@@ -102,7 +102,12 @@ def _eval(args: argparse.Namespace) -> int:
         skip_corrupt=args.skip_corrupt, weights=args.weights, dtype=args.dtype, progress=not args.no_progress,
         memory_format=args.memory_format, compile=args.compile,
     )
-    metrics = evaluate(args.checkpoint, args.data, args.out, options)
+    from looprun.distributed import shutdown_distributed
+
+    try:
+        metrics = evaluate(args.checkpoint, args.data, args.out, options)
+    finally:  # destroy the process group before exit: an undestroyed gloo group can abort a rank at exit
+        shutdown_distributed()
     rfid = "n/a" if metrics["rfid"] is None else f"{metrics['rfid']:.3f}"
     lpips = "n/a" if metrics["lpips"] is None else f"{metrics['lpips']:.4f}"
     print(f"{metrics['num_images']} images: PSNR {metrics['psnr']:.2f} dB, SSIM {metrics['ssim']:.4f}, "
@@ -252,11 +257,16 @@ def _add_encode(sub: argparse._SubParsersAction) -> None:
 
 
 def _encode(args: argparse.Namespace) -> int:
+    from looprun.distributed import shutdown_distributed
+
     from .encode_latents import EncodeOptions, encode_dataset
 
-    meta = encode_dataset(args.checkpoint, args.data, args.out, EncodeOptions(
-        resolution=args.resolution, batch_size=args.batch_size, sample=args.sample, flip=args.flip,
-        dtype=args.latent_dtype, weights=args.weights, device=args.device, skip_corrupt=args.skip_corrupt))
+    try:
+        meta = encode_dataset(args.checkpoint, args.data, args.out, EncodeOptions(
+            resolution=args.resolution, batch_size=args.batch_size, sample=args.sample, flip=args.flip,
+            dtype=args.latent_dtype, weights=args.weights, device=args.device, skip_corrupt=args.skip_corrupt))
+    finally:  # as in _eval: destroy the process group before the interpreter exits
+        shutdown_distributed()
     print(f"{meta['num_samples']} latents {meta['latent_shape']} in {len(meta['shards'])} shard(s) -> {args.out} "
           f"(skipped {len(meta['skipped'])})")
     return 0
