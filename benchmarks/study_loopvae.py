@@ -32,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -108,11 +109,13 @@ def _finished(run: Path) -> bool:
 
 
 def train_arms(selected: list[Arm], data: StudyData, runs: Path, jobs: int, threads: int, timings: Timings,
-               preset: str = PRESET, extra_args: tuple[str, ...] = ()) -> None:
+               preset: str = PRESET, extra_args: tuple[str, ...] = (),
+               on_done: Callable[[Arm, int], None] | None = None) -> None:
     """Train every unfinished arm, ``jobs`` at a time (``threads`` each), recording wall seconds.
 
     ``preset`` is the recipe every arm starts from; ``extra_args`` go to every ``loopvae train`` (e.g.
-    ``--val-data``)."""
+    ``--val-data``). Without ``on_done`` a failed run stops everything; with it, ``on_done(arm, exit_code)`` is
+    called as each run ends (0: finished) and a failed run (e.g. a diverged one) is recorded, not fatal."""
     pending = [a for a in selected if not _finished(runs / a.name)]
     if not pending:
         return
@@ -140,7 +143,12 @@ def train_arms(selected: list[Arm], data: StudyData, runs: Path, jobs: int, thre
                 continue
             log.close()
             running.remove(item)
-            if proc.returncode != 0 or not _finished(runs / arm.name):
+            failed = proc.returncode != 0 or not _finished(runs / arm.name)
+            if on_done is not None:
+                timings.record("train", arm.name, time.perf_counter() - start)
+                on_done(arm, proc.returncode if failed and proc.returncode else (1 if failed else 0))
+                continue
+            if failed:
                 for _, other, _, _ in running:
                     other.terminate()
                 sys.exit(f"{arm.name}: training failed (exit {proc.returncode}); see {runs / arm.name}.log")
@@ -180,7 +188,9 @@ def model_counts(name: str, overrides: dict[str, Any]) -> tuple[int, float]:
     with torch.device("meta"):
         model = loopvae.create_model(name, **overrides)
         x = torch.empty(1, 3, 256, 256)
-    return count_parameters(model), count_macs(lambda: model.decode(model.encode(x).latent_dist.mode())) / 1e9
+    from loopvae.autoencoders import encode_mode
+
+    return count_parameters(model), count_macs(lambda: model.decode(encode_mode(model, x))) / 1e9
 
 
 def train_throughput(architectures: dict[str, tuple[str, dict[str, Any], bool]], batch: int, resolution: int,
@@ -208,7 +218,8 @@ def train_throughput(architectures: dict[str, tuple[str, dict[str, Any], bool]],
         recon, moments, passes = step(x)
         from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
 
-        loss = objective(x, recon, DiagonalGaussianDistribution(moments), 0, pass_recons=passes).total
+        posterior = None if moments is None else DiagonalGaussianDistribution(moments)
+        loss = objective(x, recon, posterior, 0, pass_recons=passes).total
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

@@ -46,6 +46,7 @@ from looprun.distributed import (
     reported_failure,
 )
 
+from .autoencoders import encode_mode, has_posterior
 from .loading import load_tokenizer
 
 log = logging.getLogger("loopvae")
@@ -87,6 +88,8 @@ def _key_generator(key: str, device: torch.device) -> torch.Generator:
 
 
 def _latents(model: torch.nn.Module, images: torch.Tensor, keys: list[str], sample: bool) -> torch.Tensor:
+    if not has_posterior(model):  # a deterministic autoencoder: its latent is the mean and the only sample
+        return encode_mode(model, images)
     dist = model.encode(images).latent_dist
     if not sample:
         return dist.mean

@@ -33,6 +33,7 @@ from looprun.distributed import (
 from looprun.run_logger import setup_run_logging, teardown_run_logging
 from looprun.speed import prepare_for_speed, to_memory_format
 
+from .autoencoders import latent_values_per_pixel, reconstruct_mode
 from .loading import LoadedTokenizer, load_tokenizer
 from .metrics import bicubic_baseline, build_fid, psnr_per_image, ssim_per_image, to_uint8
 from .perceptual import PerceptualLoss
@@ -82,21 +83,14 @@ def to_compute(model: torch.nn.Module, device: torch.device | str, dtype: str) -
     return torch.nn.Module.to(model, device=device, dtype=compute_dtype(dtype))
 
 
-def latent_values_per_pixel(model: torch.nn.Module) -> float:
-    """Numbers per image pixel in the latent the model decodes from (e.g. 16 / 8^2 = 0.25)."""
-    cfg = model.config
-    if hasattr(cfg, "latent_factor"):
-        return cfg.latent_channels / cfg.latent_factor**2
-    return cfg.latent_channels / (2 ** (len(cfg.block_out_channels) - 1)) ** 2
-
-
 @torch.no_grad()
 def reconstruct(model: torch.nn.Module, images: torch.Tensor, memory_format: str = "contiguous") -> torch.Tensor:
-    """Posterior mode -> decode (``(B,3,H,W)`` in [-1, 1] -> unclipped float32 reconstruction).
+    """Posterior mode (a deterministic autoencoder's latent) -> decode (``(B,3,H,W)`` in [-1, 1] -> unclipped
+    float32 reconstruction).
 
     The images are cast to the model's dtype (bf16 models compute in bf16) and ``memory_format``."""
     images = to_memory_format(images.to(next(model.parameters()).dtype), memory_format)
-    return model.decode(model.encode(images).latent_dist.mode()).sample.float()
+    return reconstruct_mode(model, images).float()
 
 
 def _rank_limit(limit: int | None, ctx: DistributedContext) -> int | None:

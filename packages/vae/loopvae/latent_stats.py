@@ -28,6 +28,7 @@ import loopdata
 from looprun.checkpoint import write_atomic
 from looprun.release import resolve_artifact
 
+from .autoencoders import encode_mode, encode_sample
 from .loading import load_tokenizer
 
 log = logging.getLogger("loopvae.latent_stats")
@@ -112,8 +113,8 @@ def estimate_latent_statistics(
             images, names = batch["image"], list(batch["key"])
             if limit is not None:
                 images, names = images[: limit - len(keys)], names[: limit - len(keys)]
-            dist = model.encode(images.to(device, dtype)).latent_dist
-            z = dist.sample(generator=generator) if posterior == "sample" else dist.mode()
+            images = images.to(device, dtype)
+            z = encode_sample(model, images, generator) if posterior == "sample" else encode_mode(model, images)
             moments.update(z)
             keys.extend(names)
             bar.update(1)
@@ -151,7 +152,13 @@ def write_latent_statistics(folder: str | Path, stats: LatentStatistics, per_cha
     elif config.get("_class_name") == "LoopVAE":
         config["latents_mean"] = config["latents_std"] = None  # an earlier --per-channel estimate no longer holds
     config["scaling_factor"] = 1.0 if per_channel else stats.scaling_factor
-    config["shift_factor"] = stats.shift_factor
+    if config.get("_class_name") == "AutoencoderDC":
+        # diffusers' AutoencoderDC has scaling_factor only (the Sana convention); the measured shift stays in
+        # latent_stats.json
+        log.warning("%s: AutoencoderDC has no shift_factor key; the measured shift %.6f is kept in %s only",
+                    config_file, stats.shift_factor, STATS_FILE)
+    else:
+        config["shift_factor"] = stats.shift_factor
     if config.get("_class_name") == "LoopVAE":
         config["latent_statistics"] = stats.config_record()  # AutoencoderKL has no such key: it stays beside
     write_atomic(Path(folder) / STATS_FILE, json.dumps(asdict(stats), indent=2))

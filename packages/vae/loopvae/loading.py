@@ -6,15 +6,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from diffusers import AutoencoderKL
+from diffusers import AutoencoderDC, AutoencoderKL
 
 from looprun import release
 from looprun.release import artifact_class_name, resolve_artifact
 
+from .autoencoders import TOKENIZER_CLASSES
 from .model import LoopVAE
 from .registry import create_model
-
-TOKENIZER_CLASSES = (LoopVAE, AutoencoderKL)
 
 
 @dataclass
@@ -36,14 +35,14 @@ def build_from_run(run_dir: Path) -> torch.nn.Module:
     config = load_train_config(str(run_dir / "config.yaml"))
     if config.init_from:
         source = resolve_artifact(config.init_from)
-        cls = AutoencoderKL if artifact_class_name(source) == "AutoencoderKL" else LoopVAE
+        cls = {"AutoencoderKL": AutoencoderKL, "AutoencoderDC": AutoencoderDC}.get(artifact_class_name(source), LoopVAE)
         return cls.from_config(cls.load_config(source))
     return create_model(config.model, **config.model_overrides)
 
 
 def load_artifact(path: str | Path, torch_dtype: torch.dtype | None = None) -> torch.nn.Module:
-    """A ``LoopVAE`` or ``AutoencoderKL`` from a release folder (what ``loopvae train`` writes for either)
-    or a diffusers folder (``save_pretrained``, e.g. a pipeline's ``vae/``); eval mode."""
+    """A ``LoopVAE``, ``AutoencoderKL`` or ``AutoencoderDC`` from a release folder (what ``loopvae train`` writes
+    for each) or a diffusers folder (``save_pretrained``, e.g. a pipeline's ``vae/``); eval mode."""
     return release.load_artifact(path, TOKENIZER_CLASSES, torch_dtype=torch_dtype, what="loopvae").model
 
 
@@ -52,8 +51,8 @@ def load_tokenizer(path: str | Path, weights: str = "ema") -> LoadedTokenizer:
 
     Args:
         path: a release folder (``config.json`` + ``diffusion_pytorch_model.safetensors`` + ``release.json``,
-            or a legacy ``model.safetensors``), a diffusers folder of a ``LoopVAE`` or ``AutoencoderKL``
-            (e.g. the SD / FLUX VAEs, or a saved pipeline's ``vae/``), or a training run directory.
+            or a legacy ``model.safetensors``), a diffusers folder of a ``LoopVAE``, ``AutoencoderKL`` or
+            ``AutoencoderDC`` (e.g. the SD / FLUX VAEs, or a saved pipeline's ``vae/``), or a training run directory.
         weights: for run directories: ``ema`` (default) or ``model`` (the raw training weights).
     """
     loaded = release.load_artifact(path, TOKENIZER_CLASSES, build_from_run, weights, what="loopvae")

@@ -106,7 +106,7 @@ class ReconstructionObjective(torch.nn.Module):
         return nll, parts
 
     def forward(
-        self, target: torch.Tensor, recon: torch.Tensor, posterior: DiagonalGaussianDistribution,
+        self, target: torch.Tensor, recon: torch.Tensor, posterior: DiagonalGaussianDistribution | None,
         step: int, fake_logits: torch.Tensor | None = None, last_layer: torch.Tensor | None = None,
         pass_recons: list[torch.Tensor] | None = None,
     ) -> LossTerms:
@@ -114,7 +114,8 @@ class ReconstructionObjective(torch.nn.Module):
 
         Args:
             target, recon: ``(B, 3, H, W)`` in [-1, 1].
-            posterior: the encoder's distribution (for the KL term).
+            posterior: the encoder's distribution (for the KL term); ``None`` for a deterministic
+                autoencoder (no KL term).
             step: stage-local optimizer step (gates the GAN term).
             fake_logits: ``D(recon)`` in stage 2, else ``None``.
             last_layer: decoder's last-layer weight (adaptive GAN weight).
@@ -122,10 +123,13 @@ class ReconstructionObjective(torch.nn.Module):
         """
         w = self.weights
         nll, parts = self.pixel_terms(target, recon)
-        kl = kl_per_element(posterior)
-        total = nll + w.kl * kl
+        total = nll
         logs = {k: float(v.detach()) for k, v in parts.items()}
-        logs.update(kl=float(kl.detach()), nll=float(nll.detach()))
+        logs["nll"] = float(nll.detach())
+        if posterior is not None:
+            kl = kl_per_element(posterior)
+            total = total + w.kl * kl
+            logs["kl"] = float(kl.detach())
         if pass_recons and w.deep_supervision > 0:
             # earlier passes weigh less: pass k of n gets k / n
             n = len(pass_recons) + 1

@@ -24,6 +24,7 @@ from looprun.memory import track_peak_memory
 from looprun.plotting import plot_or_warn, pyplot
 from looprun.speed import compile_in_place, prepare_for_speed, to_memory_format
 
+from .autoencoders import encode_sample
 from .model import LoopVAE
 from .registry import create_model
 
@@ -40,7 +41,7 @@ def count_model(name: str, resolution: int, overrides: dict[str, Any] | None = N
     with torch.device("meta"):
         model = create_model(name, **(overrides or {}))
         x = torch.empty(1, 3, resolution, resolution)
-    macs = count_macs(lambda: model.decode(model.encode(x).latent_dist.sample()))
+    macs = count_macs(lambda: model.decode(encode_sample(model, x)))
     return count_parameters(model), macs
 
 
@@ -81,7 +82,7 @@ def measured_stage_share(model: LoopVAE, x: torch.Tensor) -> dict[str, float]:
         handles.append(part.core.register_forward_pre_hook(pre, with_kwargs=True))
         handles.append(part.core.register_forward_hook(post, with_kwargs=True))
     try:
-        model.decode(model.encode(x).latent_dist.sample())
+        model.decode(encode_sample(model, x))
     finally:
         for handle in handles:
             handle.remove()
@@ -96,7 +97,7 @@ def _time_reconstruction(
     dev = x.device
 
     def step() -> None:
-        model.decode(model.encode(x).latent_dist.sample())
+        model.decode(encode_sample(model, x))
 
     with torch.no_grad():
         for _ in range(warmup):

@@ -17,7 +17,16 @@ import torch
 from torch import nn
 
 from .model import LoopVAE
-from .reference import FLUX_VAE_CONFIG, FLUX_VAE_SMALL_CONFIG, FLUX_VAE_TINY_CONFIG, SD_VAE_CONFIG, reference_vae
+from .reference import (
+    DCAE_TINY_CONFIG,
+    FLUX_VAE_CONFIG,
+    FLUX_VAE_SMALL_CONFIG,
+    FLUX_VAE_TINY_CONFIG,
+    KLVAE_TINY_CONFIGS,
+    SD_VAE_CONFIG,
+    dc_autoencoder,
+    reference_vae,
+)
 
 _REGISTRY: dict[str, Callable[..., nn.Module]] = {}
 
@@ -161,3 +170,11 @@ register_model("flux-vae-tiny")(
 register_model("flux-vae-small")(
     lambda **overrides: reference_vae(FLUX_VAE_SMALL_CONFIG, **{"initial_logvar": -6.0, **overrides})
 )
+
+# The fair-comparison study's reshaped AutoencoderKL candidates (>= 4 channels per GroupNorm group, no mid-block
+# attention) and the shortcut-equipped AutoencoderDC reference (see loopvae.reference).
+for _name, _config in KLVAE_TINY_CONFIGS.items():
+    register_model(_name)(
+        lambda _config=_config, **overrides: reference_vae(_config, **{"initial_logvar": -6.0, **overrides})
+    )
+register_model("dcae-tiny")(lambda **overrides: dc_autoencoder(DCAE_TINY_CONFIG, **overrides))

@@ -17,7 +17,6 @@ from typing import Any
 
 import torch
 import torchvision
-from diffusers import AutoencoderKL
 from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
@@ -33,6 +32,7 @@ from looprun.run_logger import RunLogger
 from looprun.speed import memory_format
 from looprun.training_loop import NonFiniteLossError, TrainingLoop, TrainResult
 
+from .autoencoders import TOKENIZER_CLASSES, encode_posterior, encode_sample, last_layer
 from .diffaugment import diff_augment
 from .discriminators import build_discriminator, r1_penalty
 from .loading import load_artifact
@@ -51,32 +51,40 @@ __all__ = ["NonFiniteLossError", "ReconstructionStep", "TrainResult", "Trainer",
 class ReconstructionStep(nn.Module):
     """Encode -> noisy posterior sample -> decode, as one module so DDP sees a single forward.
 
-    Returns ``(recon (B,3,H,W), posterior moments (B,2z,h,w), earlier finest-stage pass images)``.
+    Returns ``(recon (B,3,H,W), posterior moments (B,2z,h,w) or None, earlier finest-stage pass images)``.
+    A deterministic autoencoder (``AutoencoderDC``) has no posterior: its latent gets the same
+    ``N(0, noise_std^2)`` training noise and the moments are ``None`` (no KL term).
     """
 
-    def __init__(self, vae: LoopVAE | AutoencoderKL, noise_std: float, deep_supervision: bool) -> None:
+    def __init__(self, vae: nn.Module, noise_std: float, deep_supervision: bool) -> None:
         super().__init__()
         self.vae = vae
         self.noise_std = noise_std
         self.deep_supervision = deep_supervision
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
-        posterior = self.vae.encode(x).latent_dist
-        z = noisy_posterior_sample(posterior, self.noise_std)
+        posterior = encode_posterior(self.vae, x)
+        if posterior is None:
+            z = encode_sample(self.vae, x)
+            if self.noise_std > 0:
+                z = z + self.noise_std * torch.randn_like(z)
+        else:
+            z = noisy_posterior_sample(posterior, self.noise_std)
+        moments = None if posterior is None else posterior.parameters
         if self.deep_supervision:
             out = self.vae.decode_passes(z)
-            return out.sample, posterior.parameters, out.pass_samples[:-1]
-        return self.vae.decode(z).sample, posterior.parameters, []
+            return out.sample, moments, out.pass_samples[:-1]
+        return self.vae.decode(z).sample, moments, []
 
 
-TRAINABLE = (LoopVAE, AutoencoderKL)
+TRAINABLE = TOKENIZER_CLASSES
 
 
-def build_vae(config: TrainConfig) -> LoopVAE | AutoencoderKL:
+def build_vae(config: TrainConfig) -> nn.Module:
     """The model to train: the registered architecture, or the ``init_from`` artifact (stage 2).
 
-    LoopVAEs and the diffusers ``AutoencoderKL`` references (e.g. ``flux-vae-tiny``) train with the same
-    recipe, so a comparison between them differs only in the model.
+    LoopVAEs and the diffusers references (``AutoencoderKL``, e.g. ``klvae-tiny-w32``; ``AutoencoderDC``, e.g.
+    ``dcae-tiny``) train with the same loop, so a comparison between them differs only in the model and recipe.
     """
     if config.init_from:
         source = resolve_artifact(config.init_from)
@@ -87,7 +95,8 @@ def build_vae(config: TrainConfig) -> LoopVAE | AutoencoderKL:
         model = create_model(config.model, **config.model_overrides)
     if not isinstance(model, TRAINABLE):
         raise ValueError(
-            f"loopvae train trains LoopVAE or AutoencoderKL models; {config.model!r} is a {type(model).__name__}"
+            f"loopvae train trains {', '.join(c.__name__ for c in TRAINABLE)} models; {config.model!r} is a "
+            f"{type(model).__name__}"
         )
     if config.deep_supervision_weight > 0 and not isinstance(model, LoopVAE):
         raise ValueError(
@@ -143,11 +152,6 @@ def discriminator_optimizer(params: list[nn.Parameter], config: TrainConfig) -> 
     c = lazy_regularization_ratio(config)
     beta1, beta2 = config.disc_betas
     return torch.optim.AdamW(params, lr=config.disc_lr * c, betas=(beta1**c, beta2**c))
-
-
-def last_layer(vae: LoopVAE | AutoencoderKL) -> torch.Tensor:
-    """Weight of the decoder's final RGB conv (the LDM adaptive GAN weight's reference layer)."""
-    return vae.get_last_layer() if isinstance(vae, LoopVAE) else vae.decoder.conv_out.weight
 
 
 class Trainer(TrainingLoop):
@@ -278,7 +282,7 @@ class Trainer(TrainingLoop):
             with self._sync_unless(self.step_module, last=i == k - 1):
                 with self._autocast():
                     recon, moments, passes = self.step_module(xi)
-                posterior = DiagonalGaussianDistribution(moments.float())
+                posterior = None if moments is None else DiagonalGaussianDistribution(moments.float())
                 fake_logits = None
                 if self.disc is not None:
                     self.disc.requires_grad_(False)
@@ -454,7 +458,7 @@ def reconstruction_macs(model: torch.nn.Module, resolution: int) -> int:
     with torch.device("meta"):
         twin = type(model).from_config(model.config)
         x = torch.empty(1, 3, resolution, resolution)
-    return count_macs(lambda: twin.decode(twin.encode(x).latent_dist.sample()))
+    return count_macs(lambda: twin.decode(encode_sample(twin, x)))
 
 
 def train(

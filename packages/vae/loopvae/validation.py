@@ -16,6 +16,7 @@ import torch
 import loopdata
 from looprun.distributed import DistributedContext, gather_objects
 
+from .autoencoders import reconstruct_mode
 from .metrics import psnr_per_image, to_uint8
 
 
@@ -54,7 +55,7 @@ def validation_psnr(model: torch.nn.Module, data: ValidationSet, ctx: Distribute
         if len(values) >= quota:
             break
         images = batch["image"][: quota - len(values)].to(device)
-        recon = model.decode(model.encode(images).latent_dist.mode()).sample
+        recon = reconstruct_mode(model, images)
         values.extend(psnr_per_image(to_uint8(recon), to_uint8(images)).tolist())
     every = [v for part in gather_objects(values, ctx) for v in part]
     if not every:
