@@ -272,17 +272,77 @@ def _encode(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_compare(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "compare", help="tokenizers compared on the same images with the seed as the unit (arms of checkpoints)",
+        description="Evaluate every checkpoint of every arm on the same images (loopvae eval's protocol) and compare "
+                    "the arms seed by seed: paired t where the arms share what a seed fixes, Welch t otherwise, "
+                    "Holm-corrected; per-image differences are reported as descriptive only. Writes compare.json, "
+                    "compare.md and compare.png (PSNR against GMACs) to --out.")
+    p.add_argument("--arm", action="append", required=True, metavar="NAME=PATH[,PATH...]",
+                   help="one arm: a name and its checkpoints (the seeds: release folders, run folders or diffusers "
+                        "AutoencoderKL / AutoencoderDC folders); repeat for each arm")
+    p.add_argument("--data", required=True, help=DATA_HELP)
+    p.add_argument("--out", required=True, help="output directory (compare.json, compare.md, compare.png, evals/)")
+    p.add_argument("--resolution", type=positive_int, default=256)
+    p.add_argument("--limit", type=positive_int, default=None, help="evaluate at most N images")
+    p.add_argument("--compare", action="append", default=None, metavar="A:B",
+                   help="a comparison A - B of the pre-registered family (repeat; default: every pair of arms in "
+                        "the order given); the Holm correction runs over exactly these")
+    p.add_argument("--pairing", choices=("auto", "paired", "welch"), default="auto",
+                   help="auto: paired by seed when both arms' checkpoints record the same seed, data, crop and batch "
+                        "(same crops in the same order), else Welch")
+    p.add_argument("--lpips-net", choices=("vgg", "alex", "none"), default="none",
+                   help="add LPIPS per image (needs its backbone weights; see README)")
+    p.add_argument("--lpips-weights", default=None)
+    p.add_argument("--fid-weights", default=None, help="torch-fidelity Inception weights (rFID per checkpoint)")
+    p.add_argument("--batch-size", type=positive_int, default=8)
+    p.add_argument("--num-workers", type=non_negative_int, default=2)
+    p.add_argument("--skip-corrupt", action="store_true")
+    p.add_argument("--device", default="auto")
+    _add_weights_and_dtype(p)
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from .compare import CompareOptions, compare, parse_arm, parse_pair
+
+    arms: dict[str, list[str]] = {}
+    for spec in args.arm:
+        name, paths = parse_arm(spec)
+        if name in arms:
+            raise ValueError(f"--arm {spec!r}: the arm name {name!r} is given twice")
+        arms[name] = paths
+    pairs = None if args.compare is None else [parse_pair(s) for s in args.compare]
+    if args.dtype != "fp32":
+        raise ValueError("loopvae compare measures in fp32 (one protocol for every arm); drop --dtype")
+    options = CompareOptions(
+        resolution=args.resolution, limit=args.limit, batch_size=args.batch_size, num_workers=args.num_workers,
+        lpips_net=args.lpips_net, lpips_weights=args.lpips_weights, fid_weights=args.fid_weights, device=args.device,
+        pairing=args.pairing, pairs=pairs, progress=not args.no_progress, weights=args.weights,
+        skip_corrupt=args.skip_corrupt)
+    result = compare(arms, args.data, args.out, options)
+    for arm in result["arms"]:
+        print(f"{arm['name']}: {len(arm['checkpoints'])} seed(s), PSNR {arm['psnr']:.2f} dB, SSIM {arm['ssim']:.4f}, "
+              f"{arm['params']:,} params, {arm['gmacs']:.2f} GMACs")
+    print(f"bicubic: PSNR {result['bicubic']['psnr']:.2f} dB")
+    for c in result["comparisons"]:
+        print(f"{c['a']} - {c['b']} ({c['metric']}, {c['test']}): {c['diff']:+.4g} -> {c['verdict']}")
+    print(f"-> {args.out}/compare.json, compare.md")
+    return 0
+
+
 COMMANDS = {"train": _train, "eval": _eval, "intervene": _intervene, "latent-stats": _latent_stats,
-            "profile": _profile, "demo": _demo, "encode": _encode}
+            "profile": _profile, "demo": _demo, "encode": _encode, "compare": _compare}
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``loopvae`` argument parser (all sub-commands)."""
     parser = argparse.ArgumentParser(
-        prog="loopvae", description="LoopVAE tokenizers: train, evaluate, intervene, encode latents, profile."
+        prog="loopvae", description="LoopVAE tokenizers: train, evaluate, compare, intervene, encode latents, profile."
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_train, _add_eval, _add_intervene, _add_latent_stats, _add_encode, _add_profile, _add_demo):
+    for add in (_add_train, _add_eval, _add_compare, _add_intervene, _add_latent_stats, _add_encode, _add_profile,
+                _add_demo):
         add(sub)
     return parser
 

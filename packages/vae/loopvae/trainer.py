@@ -364,7 +364,10 @@ class Trainer(TrainingLoop):
         facts = {"stage": cfg.stage, "weights": "ema", "model_name": None if cfg.init_from else cfg.model,
                  "init_from": cfg.init_from, "data": describe_data(self.data_spec), "resolution": cfg.resolution,
                  "batch_size": cfg.batch_size, "grad_accum_steps": cfg.grad_accum_steps,
-                 "world_size": self.ctx.world_size}
+                 "world_size": self.ctx.world_size,
+                 # what fixes the data order and augmentation draws: two runs that agree here saw the same crops in
+                 # the same order (loopvae compare pairs such runs by seed)
+                 "seed": cfg.seed, "scale_jitter": list(cfg.scale_jitter), "hflip": cfg.hflip}
         return {k: v for k, v in facts.items() if v is not None}
 
     def card_facts(self) -> dict[str, Any]:

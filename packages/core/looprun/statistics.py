@@ -1,0 +1,135 @@
+"""Comparisons with three verdicts: paired or Welch t-intervals, and Holm's correction over a family.
+
+A comparison takes two samples (per-seed means of two arms, or per-image values of two models), reports the
+mean difference ``a - b`` with a two-sided t-interval and a p-value, and a verdict: *better* when the
+difference is significant and positive, *worse* when significant and negative, *inconclusive* otherwise (also
+for fewer than two values per side, where no interval exists). Never "equal": an interval that contains 0 says
+the data cannot tell, not that the arms are the same.
+
+* :func:`paired_difference`: the two samples are aligned (the same seed of two arms, sharing the data order a
+  seed fixes; or the same image under two models), df = n - 1.
+* :func:`welch_difference`: independent samples with unequal variances (Welch-Satterthwaite df).
+* :func:`holm_adjust` / :func:`apply_holm`: Holm's step-down correction of the p-values of a family of
+  comparisons that was written down before the data; the verdicts are then read from the adjusted p-values.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from scipy import stats as scipy_stats
+
+VERDICTS = ("better", "worse", "inconclusive")
+
+
+@dataclass
+class Difference:
+    """``mean`` of ``a - b``, its ``confidence`` interval ``[low, high]`` and two-sided ``p`` (``None`` without an
+    interval), ``n`` pairs (paired) or the smaller sample's size (Welch), ``wins`` (pairs with ``a > b``; Welch:
+    ``None``), the ``test`` and the verdict at ``alpha = 1 - confidence`` (or from ``p_adjusted`` once a family
+    correction was applied)."""
+
+    mean: float
+    low: float | None
+    high: float | None
+    n: int
+    wins: int | None
+    confidence: float
+    verdict: str
+    p: float | None = None
+    test: str = "paired t"
+    p_adjusted: float | None = None
+    n_a: int | None = None
+    n_b: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def describe(self, unit: str = "dB", digits: int = 2, verdict: bool = True) -> str:
+        """e.g. ``+0.42 dB [+0.10, +0.74] (95% t, n = 40; 31/40 higher): better``; ``verdict=False`` leaves the
+        verdict word out (descriptive intervals, e.g. per image within one run)."""
+        interval = ("(no interval with one value per side)" if self.low is None else
+                    f"[{self.low:+.{digits}f}, {self.high:+.{digits}f}] ({100 * self.confidence:.0f}% "
+                    f"{'Welch ' if self.test.startswith('Welch') else ''}t, n = {self.n})")
+        wins = "" if self.wins is None else f"; {self.wins}/{self.n} higher"
+        text = f"{self.mean:+.{digits}f} {unit} {interval}{wins}"
+        return text + (f": **{self.verdict}**" if verdict else "")
+
+
+# The older name (study reports import it).
+PairedDifference = Difference
+
+
+def _verdict(mean: float, p: float | None, alpha: float) -> str:
+    if p is None or p >= alpha:
+        return "inconclusive"
+    return "better" if mean > 0 else "worse" if mean < 0 else "inconclusive"
+
+
+def paired_difference(a: list[float], b: list[float], confidence: float = 0.95) -> Difference:
+    """Paired t-interval of ``mean(a - b)``; ``a`` and ``b`` are aligned (same seeds or images, same order)."""
+    if len(a) != len(b) or not a:
+        raise ValueError(f"paired comparison needs two equally long, non-empty lists, got {len(a)} and {len(b)}")
+    diffs = [x - y for x, y in zip(a, b, strict=True)]
+    n, mean = len(diffs), statistics.fmean(diffs)
+    wins = sum(d > 0 for d in diffs)
+    if n < 2:
+        return Difference(mean, None, None, n, wins, confidence, "inconclusive")
+    sd = statistics.stdev(diffs)
+    se = sd / math.sqrt(n)
+    half = float(scipy_stats.t.ppf(0.5 + confidence / 2, n - 1)) * se
+    if se == 0:
+        p = 0.0 if mean != 0 else 1.0
+    else:
+        p = float(2 * scipy_stats.t.sf(abs(mean / se), n - 1))
+    return Difference(mean, mean - half, mean + half, n, wins, confidence, _verdict(mean, p, 1 - confidence), p)
+
+
+def welch_difference(a: list[float], b: list[float], confidence: float = 0.95) -> Difference:
+    """Welch's t-interval of ``mean(a) - mean(b)`` for independent samples (unequal variances)."""
+    if not a or not b:
+        raise ValueError(f"a comparison needs two non-empty lists, got {len(a)} and {len(b)}")
+    mean = statistics.fmean(a) - statistics.fmean(b)
+    n = min(len(a), len(b))
+    if len(a) < 2 or len(b) < 2:
+        return Difference(mean, None, None, n, None, confidence, "inconclusive", test="Welch t", n_a=len(a),
+                          n_b=len(b))
+    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
+    se = math.sqrt(va + vb)
+    if se == 0:
+        return Difference(mean, mean, mean, n, None, confidence, _verdict(mean, 0.0 if mean else 1.0,
+                          1 - confidence), 0.0 if mean else 1.0, "Welch t", n_a=len(a), n_b=len(b))
+    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    half = float(scipy_stats.t.ppf(0.5 + confidence / 2, df)) * se
+    p = float(2 * scipy_stats.t.sf(abs(mean / se), df))
+    return Difference(mean, mean - half, mean + half, n, None, confidence, _verdict(mean, p, 1 - confidence), p,
+                      "Welch t", n_a=len(a), n_b=len(b))
+
+
+def holm_adjust(pvalues: list[float | None]) -> list[float | None]:
+    """Holm's step-down adjusted p-values (``None`` stays ``None`` and does not count in the family size)."""
+    indexed = sorted((p, i) for i, p in enumerate(pvalues) if p is not None)
+    m = len(indexed)
+    adjusted: list[float | None] = [None] * len(pvalues)
+    running = 0.0
+    for rank, (p, i) in enumerate(indexed):
+        running = max(running, min(1.0, (m - rank) * p))
+        adjusted[i] = running
+    return adjusted
+
+
+def apply_holm(family: list[Difference]) -> list[Difference]:
+    """Set ``p_adjusted`` (Holm over ``family``) and read each verdict from it at ``1 - confidence``."""
+    for diff, adj in zip(family, holm_adjust([d.p for d in family]), strict=True):
+        diff.p_adjusted = adj
+        diff.verdict = _verdict(diff.mean, adj, 1 - diff.confidence)
+    return family
+
+
+def seeds_disagree(values: list[float], others_spread: float, factor: float = 5.0, floor: float = 0.5) -> bool:
+    """Flag an arm whose seeds differ by more than ``max(floor, factor * others_spread)``: one of them is
+    likely a failed run, and a mean over them should not be quoted without that warning."""
+    return len(values) > 1 and max(values) - min(values) > max(floor, factor * others_spread)

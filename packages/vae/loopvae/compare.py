@@ -1,0 +1,345 @@
+"""``loopvae compare``: tokenizers compared with the seed as the unit, on the same images, under one protocol.
+
+Each *arm* is a named list of checkpoints: the seeds of one configuration (LoopVAE releases or runs, diffusers
+``AutoencoderKL`` / ``AutoencoderDC`` folders, anything :func:`loopvae.loading.load_tokenizer` reads). Every
+checkpoint is evaluated by ``loopvae eval``'s protocol (posterior mode, or the latent of a deterministic
+autoencoder; uint8 outputs; per-image PSNR and SSIM) on the same images, and:
+
+* an arm's PSNR / SSIM is the mean over its seeds of each seed's per-image mean;
+* a comparison ``a - b`` is made on the per-seed values: **paired** by seed when the two arms' i-th checkpoints
+  record the same training seed, data, crop and batch (they saw the same crops in the same order), **Welch**
+  otherwise; 95% t-interval, p-value, and Holm's correction over the family of comparisons of each metric
+  (PSNR, SSIM); verdicts better / worse / inconclusive from the adjusted p-value. One seed per arm gives no
+  interval and no verdict;
+* per-image differences (seed-averaged) are reported as *descriptive* intervals without a verdict word: images
+  within one run are not independent replications of a training run; the *null rows* (two seeds of one arm
+  compared by image) show how often such an interval would call identical configurations different;
+* a bicubic row keeps at least as many values per pixel as the largest latent among the arms.
+
+Outputs: ``compare.json`` (the contract: ``arms``, ``bicubic``, ``comparisons``, ``protocol``, plus per-image
+tables), ``compare.md`` and ``compare.png`` (PSNR against GMACs).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from loopcore.flops import count_macs, count_parameters
+from looprun.checkpoint import write_atomic
+from looprun.plotting import plot_or_warn, pyplot
+from looprun.statistics import Difference, apply_holm, paired_difference, welch_difference
+
+from .autoencoders import encode_mode, latent_values_per_pixel
+from .evaluate import EvalOptions, evaluate
+from .loading import load_tokenizer
+from .registry import LATENT_CONFIG_KEYS
+
+log = logging.getLogger("loopvae.compare")
+
+METRICS = ("psnr", "ssim")
+PAIRINGS = ("auto", "paired", "welch")
+# release.json keys that fix a run's data order and augmentation draws
+ORDER_KEYS = ("seed", "data", "resolution", "batch_size", "grad_accum_steps", "world_size", "scale_jitter", "hflip")
+
+
+@dataclass
+class CompareOptions:
+    resolution: int = 256
+    limit: int | None = None
+    batch_size: int = 8
+    num_workers: int = 2
+    lpips_net: str = "none"  # "alex" / "vgg" adds LPIPS per image when its weights are present
+    lpips_weights: str | None = None
+    fid_weights: str | None = None
+    device: str = "auto"
+    pairing: str = "auto"  # auto | paired | welch
+    pairs: list[tuple[str, str]] | None = None  # the comparison family (default: every pair, in arm order)
+    confidence: float = 0.95
+    progress: bool = True
+    weights: str = "ema"
+    skip_corrupt: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)  # recorded in protocol (e.g. the study's budget)
+
+
+def parse_arm(spec: str) -> tuple[str, list[str]]:
+    """``NAME=PATH[,PATH...]`` -> ``(NAME, [PATH, ...])``; ``ValueError`` naming the spec otherwise."""
+    name, sep, paths = spec.partition("=")
+    items = [p.strip() for p in paths.split(",") if p.strip()]
+    if not sep or not name.strip() or not items:
+        raise ValueError(f"--arm {spec!r}: expected NAME=PATH[,PATH...] (the seeds of one arm, comma-separated)")
+    return name.strip(), items
+
+
+def parse_pair(spec: str) -> tuple[str, str]:
+    """``A:B`` -> ``("A", "B")`` (the comparison ``A - B``)."""
+    a, sep, b = spec.partition(":")
+    if not sep or not a or not b:
+        raise ValueError(f"--compare {spec!r}: expected A:B, two arm names (the comparison A - B)")
+    return a, b
+
+
+def _eval_dir(out: Path, arm: str, index: int, checkpoint: str) -> Path:
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in Path(checkpoint).name or "checkpoint")
+    return out / "evals" / arm / f"{index}-{safe}"
+
+
+def _evaluate_once(checkpoint: str, data: str, target: Path, options: CompareOptions) -> dict[str, Any]:
+    """``loopvae eval`` of one checkpoint into ``target``; an earlier result there with the same weights, data,
+    resolution and limit is reused (a long comparison resumes)."""
+    metrics_file = target / "metrics.json"
+    if metrics_file.is_file() and (target / "per_image.json").is_file():
+        old = json.loads(metrics_file.read_text())
+        weights = load_tokenizer(checkpoint, options.weights).weights_sha256
+        same = (old["data"] == {"urls": data, "resolution": options.resolution, "limit": options.limit}
+                and {k.removeprefix("model/"): v for k, v in old["weights_sha256"].items()
+                     if k.startswith("model/")} == weights)
+        if same:
+            return old
+    return evaluate(checkpoint, data, target, EvalOptions(
+        resolution=options.resolution, limit=options.limit, batch_size=options.batch_size,
+        num_workers=options.num_workers, fid_weights=options.fid_weights, lpips_net=options.lpips_net,
+        lpips_weights=options.lpips_weights, device=options.device, progress=options.progress,
+        weights=options.weights, skip_corrupt=options.skip_corrupt, grid_images=4))
+
+
+def _architecture(checkpoint: str, resolution: int, weights: str) -> dict[str, Any]:
+    """Class, parameters, GMACs at ``resolution``^2 (batch 1, meta device), values per latent pixel, and what
+    the checkpoint's ``release.json`` says about its training order (seed, data, crop, batch)."""
+    loaded = load_tokenizer(checkpoint, weights)
+    model = loaded.model
+    with torch.device("meta"):
+        twin = type(model).from_config(model.config)
+        x = torch.empty(1, 3, resolution, resolution)
+    macs = count_macs(lambda: twin.decode(encode_mode(twin, x)))
+    info = {}
+    release = Path(loaded.source) / "release.json" if Path(loaded.source).is_dir() else None
+    if release is not None and release.is_file():
+        info = json.loads(release.read_text())
+    elif loaded.kind == "run-checkpoint":
+        from .train_config import load_train_config
+
+        run = Path(checkpoint)
+        cfg = load_train_config(str(run / "config.yaml"))
+        info = {"seed": cfg.seed, "resolution": cfg.resolution, "batch_size": cfg.batch_size,
+                "grad_accum_steps": cfg.grad_accum_steps, "scale_jitter": list(cfg.scale_jitter), "hflip": cfg.hflip}
+    order = {k: info[k] for k in ORDER_KEYS if k in info}
+    # the architecture (latent normalisation may differ between seeds; tuples and lists are the same here)
+    config = json.loads(json.dumps({k: v for k, v in dict(model.config).items()
+                                    if not k.startswith("_") and k not in LATENT_CONFIG_KEYS}, default=list))
+    return {"class": type(model).__name__, "params": count_parameters(model), "gmacs": macs / 1e9,
+            "values_per_pixel": latent_values_per_pixel(model), "order": order, "config": config,
+            "step": loaded.step}
+
+
+def _same_order(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
+    """Whether every i-th checkpoint of two arms trained on the same crops in the same order (all of
+    :data:`ORDER_KEYS` recorded and equal)."""
+    return len(a) == len(b) and all(
+        set(ORDER_KEYS) <= set(x["order"]) and all(x["order"][k] == y["order"][k] for k in ORDER_KEYS)
+        for x, y in zip(a, b, strict=True))
+
+
+def _seed_difference(a: list[float], b: list[float], paired: bool, confidence: float) -> Difference:
+    return paired_difference(a, b, confidence) if paired else welch_difference(a, b, confidence)
+
+
+def compare(arms: dict[str, list[str]], data: str, out_dir: str | Path, options: CompareOptions) -> dict[str, Any]:
+    """Evaluate every checkpoint of every arm on ``data`` and write ``compare.json`` / ``compare.md`` /
+    ``compare.png`` to ``out_dir``. Returns the ``compare.json`` content."""
+    if len(arms) < 1:
+        raise ValueError("loopvae compare needs at least one --arm")
+    if options.pairing not in PAIRINGS:
+        raise ValueError(f"--pairing {options.pairing!r}: choose one of {', '.join(PAIRINGS)}")
+    pairs = options.pairs if options.pairs is not None else list(itertools.combinations(arms, 2))
+    for a, b in pairs:
+        for name in (a, b):
+            if name not in arms:
+                raise ValueError(f"--compare {a}:{b}: no arm named {name!r} (arms: {', '.join(arms)})")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    evals: dict[str, list[dict[str, Any]]] = {}
+    per_image: dict[str, list[list[dict[str, Any]]]] = {}
+    archs: dict[str, list[dict[str, Any]]] = {}
+    for name, checkpoints in arms.items():
+        evals[name], per_image[name], archs[name] = [], [], []
+        for i, ckpt in enumerate(checkpoints):
+            log.info("arm %s, checkpoint %d/%d: %s", name, i + 1, len(checkpoints), ckpt)
+            target = _eval_dir(out, name, i, ckpt)
+            evals[name].append(_evaluate_once(ckpt, data, target, options))
+            rows = json.loads((target / "per_image.json").read_text())
+            per_image[name].append(sorted(rows, key=lambda r: (r["shard"], r["key"])))
+            archs[name].append(_architecture(ckpt, options.resolution, options.weights))
+        first = {k: v for k, v in archs[name][0].items() if k in ("class", "config")}
+        for ckpt, arch in zip(checkpoints[1:], archs[name][1:], strict=True):
+            if {k: arch[k] for k in first} != first:
+                raise ValueError(f"arm {name}: {ckpt} is another architecture than {checkpoints[0]} ({arch['class']} "
+                                 f"vs {first['class']}); an arm's checkpoints are seeds of one configuration")
+    reference_keys = [(r["shard"], r["key"]) for r in next(iter(per_image.values()))[0]]
+    for name, runs in per_image.items():
+        for ckpt, rows in zip(arms[name], runs, strict=True):
+            if [(r["shard"], r["key"]) for r in rows] != reference_keys:
+                raise RuntimeError(f"arm {name}: {ckpt} was evaluated on other images than the first arm's; "
+                                   "every checkpoint must see the same images")
+
+    result_arms = []
+    for name, checkpoints in arms.items():
+        seeds = [{"checkpoint": c, "psnr": e["psnr"], "ssim": e["ssim"], "lpips": e["lpips"], "step": a["step"],
+                  "seed": a["order"].get("seed")}
+                 for c, e, a in zip(checkpoints, evals[name], archs[name], strict=True)]
+        arch = archs[name][0]
+        result_arms.append({
+            "name": name, "checkpoints": checkpoints, "class": arch["class"], "params": arch["params"],
+            "gmacs": arch["gmacs"], "values_per_pixel": arch["values_per_pixel"],
+            "psnr": statistics.fmean(s["psnr"] for s in seeds), "ssim": statistics.fmean(s["ssim"] for s in seeds),
+            "psnr_sd": statistics.stdev([s["psnr"] for s in seeds]) if len(seeds) > 1 else None,
+            "ssim_sd": statistics.stdev([s["ssim"] for s in seeds]) if len(seeds) > 1 else None,
+            "per_seed": seeds,
+        })
+    # bicubic at >= the largest latent's values per pixel
+    widest = max(arms, key=lambda n: archs[n][0]["values_per_pixel"])
+    rows0 = per_image[widest][0]
+    bicubic = {"psnr": statistics.fmean(r["bicubic_psnr"] for r in rows0),
+               "ssim": statistics.fmean(r["bicubic_ssim"] for r in rows0),
+               "values_per_pixel": archs[widest][0]["values_per_pixel"],
+               "low_resolution": evals[widest][0]["baseline"]["low_resolution"]}
+
+    comparisons, descriptive = [], []
+    for metric in METRICS:
+        family = []
+        for a, b in pairs:
+            paired = {"paired": True, "welch": False}.get(options.pairing, _same_order(archs[a], archs[b]))
+            if paired and len(arms[a]) != len(arms[b]):
+                raise ValueError(f"--pairing paired: arms {a} ({len(arms[a])} checkpoints) and {b} "
+                                 f"({len(arms[b])}) cannot be paired by seed")
+            values_a = [s[metric] for s in next(r for r in result_arms if r["name"] == a)["per_seed"]]
+            values_b = [s[metric] for s in next(r for r in result_arms if r["name"] == b)["per_seed"]]
+            family.append(((a, b), _seed_difference(values_a, values_b, paired, options.confidence)))
+            img_a = _image_means(per_image[a], metric)
+            img_b = _image_means(per_image[b], metric)
+            d = paired_difference(img_a, img_b, options.confidence)
+            descriptive.append({"a": a, "b": b, "metric": metric, "diff": d.mean, "ci": [d.low, d.high], "n": d.n,
+                                "wins": d.wins, "note": "by image, seed-averaged: descriptive, no verdict"})
+        apply_holm([d for _, d in family])
+        for (a, b), d in family:
+            comparisons.append({"a": a, "b": b, "metric": metric, "diff": d.mean, "ci": [d.low, d.high], "n": d.n,
+                                "n_a": len(arms[a]), "n_b": len(arms[b]), "test": d.test, "p": d.p,
+                                "p_holm": d.p_adjusted, "family_size": len(family), "verdict": d.verdict})
+    null_rows = []
+    for name, runs in per_image.items():
+        for (i, x), (j, y) in itertools.combinations(list(enumerate(runs)), 2):
+            d = paired_difference([r["psnr"] for r in x], [r["psnr"] for r in y], options.confidence)
+            null_rows.append({"arm": name, "a": arms[name][i], "b": arms[name][j], "metric": "psnr", "diff": d.mean,
+                              "ci": [d.low, d.high], "n": d.n, "wins": d.wins,
+                              "excludes_zero": bool(d.low is not None and (d.low > 0 or d.high < 0))})
+    keys = [k for _, k in reference_keys]
+    result = {
+        "arms": result_arms, "bicubic": bicubic, "comparisons": comparisons,
+        "per_image_differences": descriptive, "null_rows": null_rows,
+        "per_image": {"keys": keys, "shards": [s for s, _ in reference_keys],
+                      "psnr": {n: _image_means(per_image[n], "psnr") for n in arms},
+                      "ssim": {n: _image_means(per_image[n], "ssim") for n in arms},
+                      "bicubic_psnr": [r["bicubic_psnr"] for r in rows0]},
+        "num_images": len(keys),
+        "protocol": {
+            "data": data, "resolution": options.resolution, "limit": options.limit, "weights": options.weights,
+            "latent": "posterior mode (AutoencoderKL, LoopVAE); the deterministic latent (AutoencoderDC)",
+            "outputs": "clamped to [-1, 1] and quantised to uint8 before every metric",
+            "psnr": "mean over images of per-image PSNR (dB)", "ssim": "Gaussian window 11x11, sigma 1.5",
+            "arm_value": "mean over the arm's seeds of each seed's per-image mean",
+            "unit_of_verdict": "the seed (checkpoint); per-image intervals are descriptive only",
+            "pairing": (f"{options.pairing}: paired t by seed when both arms' i-th checkpoints record the same "
+                        f"{', '.join(ORDER_KEYS)} (same crops in the same order); Welch t otherwise"),
+            "confidence": options.confidence,
+            "multiplicity": "Holm over the listed comparisons, separately for PSNR and SSIM; verdict from the "
+                            "adjusted p-value at 1 - confidence",
+            "bicubic": f"bicubic down/up-sampling keeping >= {bicubic['values_per_pixel']:g} values per pixel "
+                       "(the largest latent among the arms)",
+            "macs": f"encode (mode) + decode of one {options.resolution}² image, batch 1, torch.utils.flop_counter",
+            **options.extra,
+        },
+    }
+    write_atomic(out / "compare.json", json.dumps(result, indent=1))
+    write_atomic(out / "compare.md", render_markdown(result))
+    plot_or_warn(plot_psnr_vs_gmacs, result, out / "compare.png", log=log)
+    return result
+
+
+def _image_means(runs: list[list[dict[str, Any]]], metric: str) -> list[float]:
+    """Per image, the mean over seeds of ``metric``."""
+    return [statistics.fmean(run[i][metric] for run in runs) for i in range(len(runs[0]))]
+
+
+def _ci(ci: list[float | None], digits: int = 2) -> str:
+    return "–" if ci[0] is None else f"[{ci[0]:+.{digits}f}, {ci[1]:+.{digits}f}]"
+
+
+def render_markdown(result: dict[str, Any]) -> str:
+    """``compare.md``: arms, bicubic, seed-level verdicts, descriptive per-image differences and null rows."""
+    p = result["protocol"]
+    lines = ["# Tokenizer comparison", "",
+             f"{result['num_images']} images from `{p['data']}` at {p['resolution']}²; {p['latent']}; "
+             f"{p['outputs']}. Unit of every verdict: {p['unit_of_verdict']}.", "",
+             "| arm | class | seeds | params | GMACs | PSNR (dB) | seed s.d. | SSIM | seed s.d. |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for a in result["arms"]:
+        sd_p = "–" if a["psnr_sd"] is None else f"{a['psnr_sd']:.3f}"
+        sd_s = "–" if a["ssim_sd"] is None else f"{a['ssim_sd']:.4f}"
+        lines.append(f"| {a['name']} | {a['class']} | {len(a['checkpoints'])} | {a['params']:,} | {a['gmacs']:.2f} | "
+                     f"{a['psnr']:.2f} | {sd_p} | {a['ssim']:.4f} | {sd_s} |")
+    b = result["bicubic"]
+    lines += [f"| bicubic ({b['values_per_pixel']:g} values/px) | – | – | 0 | – | {b['psnr']:.2f} | – | "
+              f"{b['ssim']:.4f} | – |", "", "## Seed-level comparisons", "",
+              f"{p['pairing']}. {p['multiplicity']}.", "",
+              "| a − b | metric | diff | 95% CI | test | n | p | p (Holm) | verdict |",
+              "|---|---|---:|---|---|---:|---:|---:|---|"]
+    for c in result["comparisons"]:
+        digits = 2 if c["metric"] == "psnr" else 4
+        pv = "–" if c["p"] is None else f"{c['p']:.3g}"
+        ph = "–" if c["p_holm"] is None else f"{c['p_holm']:.3g}"
+        lines.append(f"| {c['a']} − {c['b']} | {c['metric']} | {c['diff']:+.{digits}f} | {_ci(c['ci'], digits)} | "
+                     f"{c['test']} | {c['n_a']} vs {c['n_b']} | {pv} | {ph} | **{c['verdict']}** |")
+    lines += ["", "## Per image (descriptive, no verdicts)", "",
+              "Seed-averaged per-image differences with a t-interval over images: images are not replications of a "
+              "training run, so these intervals describe where the difference lies, not whether it would survive "
+              "another seed.", "", "| a − b | metric | mean | interval over images | images a > b |",
+              "|---|---|---:|---|---:|"]
+    for d in result["per_image_differences"]:
+        digits = 2 if d["metric"] == "psnr" else 4
+        lines.append(f"| {d['a']} − {d['b']} | {d['metric']} | {d['diff']:+.{digits}f} | {_ci(d['ci'], digits)} | "
+                     f"{d['wins']}/{d['n']} |")
+    if result["null_rows"]:
+        lines += ["", "## Null rows: two seeds of one arm, compared by image", "",
+                  "Identical configurations; an interval over images that excludes 0 here is what a by-image "
+                  "verdict between two single runs would wrongly call a difference.", "",
+                  "| arm | seed a − seed b | PSNR diff | interval over images | excludes 0 |", "|---|---|---:|---|---|"]
+        for r in result["null_rows"]:
+            lines.append(f"| {r['arm']} | `{r['a']}` − `{r['b']}` | {r['diff']:+.3f} | {_ci(r['ci'], 3)} | "
+                         f"{'yes' if r['excludes_zero'] else 'no'} |")
+    lines += ["", "![PSNR against GMACs](compare.png)", ""]
+    return "\n".join(lines)
+
+
+def plot_psnr_vs_gmacs(result: dict[str, Any], path: Path) -> None:
+    """Each arm's seeds (small points) and mean (large point) at its GMACs; bicubic as a line."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for i, arm in enumerate(result["arms"]):
+        xs = [arm["gmacs"]] * len(arm["per_seed"])
+        ax.scatter(xs, [s["psnr"] for s in arm["per_seed"]], s=14, color=f"C{i}", alpha=0.6)
+        ax.scatter([arm["gmacs"]], [arm["psnr"]], s=70, color=f"C{i}",
+                   label=f"{arm['name']} ({arm['params'] / 1e6:.2f}M params)")
+    ax.axhline(result["bicubic"]["psnr"], color="grey", ls="--", label="bicubic")
+    ax.set(xlabel=f"GMACs per {result['protocol']['resolution']}² reconstruction", ylabel="PSNR (dB)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
