@@ -151,57 +151,99 @@ def _seed_difference(a: list[float], b: list[float], paired: bool, confidence: f
     return paired_difference(a, b, confidence) if paired else welch_difference(a, b, confidence)
 
 
+@dataclass
+class SeedEvaluation:
+    """One checkpoint of an arm, evaluated: its per-image rows (``key``, ``shard``, ``psnr``, ``ssim``,
+    ``bicubic_psnr``, ``bicubic_ssim``; sorted by shard and key) and its architecture facts
+    (:func:`_architecture`: ``class``, ``params``, ``gmacs``, ``values_per_pixel``, ``order``, ``step``)."""
+
+    checkpoint: str
+    rows: list[dict[str, Any]]
+    arch: dict[str, Any]
+    lpips: float | None = None
+    low_resolution: list[int] | None = None
+
+
 def compare(arms: dict[str, list[str]], data: str, out_dir: str | Path, options: CompareOptions) -> dict[str, Any]:
     """Evaluate every checkpoint of every arm on ``data`` and write ``compare.json`` / ``compare.md`` /
     ``compare.png`` to ``out_dir``. Returns the ``compare.json`` content."""
     if len(arms) < 1:
         raise ValueError("loopvae compare needs at least one --arm")
-    if options.pairing not in PAIRINGS:
-        raise ValueError(f"--pairing {options.pairing!r}: choose one of {', '.join(PAIRINGS)}")
-    pairs = options.pairs if options.pairs is not None else list(itertools.combinations(arms, 2))
-    for a, b in pairs:
-        for name in (a, b):
-            if name not in arms:
-                raise ValueError(f"--compare {a}:{b}: no arm named {name!r} (arms: {', '.join(arms)})")
+    check_pairs(list(arms), options)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    evals: dict[str, list[dict[str, Any]]] = {}
-    per_image: dict[str, list[list[dict[str, Any]]]] = {}
-    archs: dict[str, list[dict[str, Any]]] = {}
+    evaluated: dict[str, list[SeedEvaluation]] = {}
     for name, checkpoints in arms.items():
-        evals[name], per_image[name], archs[name] = [], [], []
+        evaluated[name] = []
         for i, ckpt in enumerate(checkpoints):
             log.info("arm %s, checkpoint %d/%d: %s", name, i + 1, len(checkpoints), ckpt)
             target = _eval_dir(out, name, i, ckpt)
-            evals[name].append(_evaluate_once(ckpt, data, target, options))
-            rows = json.loads((target / "per_image.json").read_text())
-            per_image[name].append(sorted(rows, key=lambda r: (r["shard"], r["key"])))
-            archs[name].append(_architecture(ckpt, options.resolution, options.weights))
-        first = {k: v for k, v in archs[name][0].items() if k in ("class", "config")}
-        for ckpt, arch in zip(checkpoints[1:], archs[name][1:], strict=True):
-            if {k: arch[k] for k in first} != first:
-                raise ValueError(f"arm {name}: {ckpt} is another architecture than {checkpoints[0]} ({arch['class']} "
-                                 f"vs {first['class']}); an arm's checkpoints are seeds of one configuration")
+            metrics = _evaluate_once(ckpt, data, target, options)
+            rows = sorted(json.loads((target / "per_image.json").read_text()), key=lambda r: (r["shard"], r["key"]))
+            evaluated[name].append(SeedEvaluation(ckpt, rows, _architecture(ckpt, options.resolution, options.weights),
+                                                  metrics["lpips"], metrics["baseline"]["low_resolution"]))
+    protocol = {"data": data, "resolution": options.resolution, "limit": options.limit, "weights": options.weights}
+    result = summarise(evaluated, options, protocol)
+    write_outputs(result, out)
+    return result
+
+
+def check_pairs(names: list[str], options: CompareOptions) -> None:
+    """Refuse an unknown pairing mode or a comparison naming an arm that is not there."""
+    if options.pairing not in PAIRINGS:
+        raise ValueError(f"--pairing {options.pairing!r}: choose one of {', '.join(PAIRINGS)}")
+    for a, b in options.pairs or []:
+        for name in (a, b):
+            if name not in names:
+                raise ValueError(f"--compare {a}:{b}: no arm named {name!r} (arms: {', '.join(names)})")
+
+
+def write_outputs(result: dict[str, Any], out: Path) -> None:
+    """``compare.json``, ``compare.md`` and (with matplotlib) ``compare.png`` in ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    write_atomic(out / "compare.json", json.dumps(result, indent=1))
+    write_atomic(out / "compare.md", render_markdown(result))
+    plot_or_warn(plot_psnr_vs_gmacs, result, out / "compare.png", log=log)
+
+
+def summarise(evaluated: dict[str, list[SeedEvaluation]], options: CompareOptions,
+              protocol: dict[str, Any]) -> dict[str, Any]:
+    """The ``compare.json`` content from evaluated checkpoints (no model is run here: a study can rebuild its
+    comparison from committed per-image numbers). ``protocol`` gives ``data``, ``resolution``, ``limit`` and
+    anything else to record."""
+    check_pairs(list(evaluated), options)
+    arms = {name: [e.checkpoint for e in seeds] for name, seeds in evaluated.items()}
+    archs = {name: [e.arch for e in seeds] for name, seeds in evaluated.items()}
+    per_image = {name: [e.rows for e in seeds] for name, seeds in evaluated.items()}
+    pairs = options.pairs if options.pairs is not None else list(itertools.combinations(arms, 2))
+    for name, seeds in evaluated.items():
+        first = {k: v for k, v in seeds[0].arch.items() if k in ("class", "config")}
+        for e in seeds[1:]:
+            if {k: e.arch.get(k) for k in first} != first:
+                raise ValueError(f"arm {name}: {e.checkpoint} is another architecture than {seeds[0].checkpoint} "
+                                 f"({e.arch['class']} vs {first['class']}); an arm's checkpoints are seeds of one "
+                                 "configuration")
     reference_keys = [(r["shard"], r["key"]) for r in next(iter(per_image.values()))[0]]
-    for name, runs in per_image.items():
-        for ckpt, rows in zip(arms[name], runs, strict=True):
-            if [(r["shard"], r["key"]) for r in rows] != reference_keys:
-                raise RuntimeError(f"arm {name}: {ckpt} was evaluated on other images than the first arm's; "
+    for name, seeds in evaluated.items():
+        for e in seeds:
+            if [(r["shard"], r["key"]) for r in e.rows] != reference_keys:
+                raise RuntimeError(f"arm {name}: {e.checkpoint} was evaluated on other images than the first arm's; "
                                    "every checkpoint must see the same images")
 
     result_arms = []
-    for name, checkpoints in arms.items():
-        seeds = [{"checkpoint": c, "psnr": e["psnr"], "ssim": e["ssim"], "lpips": e["lpips"], "step": a["step"],
-                  "seed": a["order"].get("seed")}
-                 for c, e, a in zip(checkpoints, evals[name], archs[name], strict=True)]
-        arch = archs[name][0]
+    for name, seeds in evaluated.items():
+        per_seed = [{"checkpoint": e.checkpoint, "psnr": statistics.fmean(r["psnr"] for r in e.rows),
+                     "ssim": statistics.fmean(r["ssim"] for r in e.rows), "lpips": e.lpips, "step": e.arch.get("step"),
+                     "seed": e.arch["order"].get("seed")} for e in seeds]
+        arch = seeds[0].arch
         result_arms.append({
-            "name": name, "checkpoints": checkpoints, "class": arch["class"], "params": arch["params"],
+            "name": name, "checkpoints": arms[name], "class": arch["class"], "params": arch["params"],
             "gmacs": arch["gmacs"], "values_per_pixel": arch["values_per_pixel"],
-            "psnr": statistics.fmean(s["psnr"] for s in seeds), "ssim": statistics.fmean(s["ssim"] for s in seeds),
-            "psnr_sd": statistics.stdev([s["psnr"] for s in seeds]) if len(seeds) > 1 else None,
-            "ssim_sd": statistics.stdev([s["ssim"] for s in seeds]) if len(seeds) > 1 else None,
-            "per_seed": seeds,
+            "psnr": statistics.fmean(s["psnr"] for s in per_seed),
+            "ssim": statistics.fmean(s["ssim"] for s in per_seed),
+            "psnr_sd": statistics.stdev([s["psnr"] for s in per_seed]) if len(per_seed) > 1 else None,
+            "ssim_sd": statistics.stdev([s["ssim"] for s in per_seed]) if len(per_seed) > 1 else None,
+            "per_seed": per_seed,
         })
     # bicubic at >= the largest latent's values per pixel
     widest = max(arms, key=lambda n: archs[n][0]["values_per_pixel"])
@@ -209,8 +251,8 @@ def compare(arms: dict[str, list[str]], data: str, out_dir: str | Path, options:
     bicubic = {"psnr": statistics.fmean(r["bicubic_psnr"] for r in rows0),
                "ssim": statistics.fmean(r["bicubic_ssim"] for r in rows0),
                "values_per_pixel": archs[widest][0]["values_per_pixel"],
-               "low_resolution": evals[widest][0]["baseline"]["low_resolution"]}
-
+               "low_resolution": evaluated[widest][0].low_resolution}
+    by_name = {a["name"]: a for a in result_arms}
     comparisons, descriptive = [], []
     for metric in METRICS:
         family = []
@@ -219,12 +261,11 @@ def compare(arms: dict[str, list[str]], data: str, out_dir: str | Path, options:
             if paired and len(arms[a]) != len(arms[b]):
                 raise ValueError(f"--pairing paired: arms {a} ({len(arms[a])} checkpoints) and {b} "
                                  f"({len(arms[b])}) cannot be paired by seed")
-            values_a = [s[metric] for s in next(r for r in result_arms if r["name"] == a)["per_seed"]]
-            values_b = [s[metric] for s in next(r for r in result_arms if r["name"] == b)["per_seed"]]
+            values_a = [s[metric] for s in by_name[a]["per_seed"]]
+            values_b = [s[metric] for s in by_name[b]["per_seed"]]
             family.append(((a, b), _seed_difference(values_a, values_b, paired, options.confidence)))
-            img_a = _image_means(per_image[a], metric)
-            img_b = _image_means(per_image[b], metric)
-            d = paired_difference(img_a, img_b, options.confidence)
+            d = paired_difference(_image_means(per_image[a], metric), _image_means(per_image[b], metric),
+                                  options.confidence)
             descriptive.append({"a": a, "b": b, "metric": metric, "diff": d.mean, "ci": [d.low, d.high], "n": d.n,
                                 "wins": d.wins, "note": "by image, seed-averaged: descriptive, no verdict"})
         apply_holm([d for _, d in family])
@@ -240,7 +281,7 @@ def compare(arms: dict[str, list[str]], data: str, out_dir: str | Path, options:
                               "ci": [d.low, d.high], "n": d.n, "wins": d.wins,
                               "excludes_zero": bool(d.low is not None and (d.low > 0 or d.high < 0))})
     keys = [k for _, k in reference_keys]
-    result = {
+    return {
         "arms": result_arms, "bicubic": bicubic, "comparisons": comparisons,
         "per_image_differences": descriptive, "null_rows": null_rows,
         "per_image": {"keys": keys, "shards": [s for s, _ in reference_keys],
@@ -249,7 +290,7 @@ def compare(arms: dict[str, list[str]], data: str, out_dir: str | Path, options:
                       "bicubic_psnr": [r["bicubic_psnr"] for r in rows0]},
         "num_images": len(keys),
         "protocol": {
-            "data": data, "resolution": options.resolution, "limit": options.limit, "weights": options.weights,
+            **protocol,
             "latent": "posterior mode (AutoencoderKL, LoopVAE); the deterministic latent (AutoencoderDC)",
             "outputs": "clamped to [-1, 1] and quantised to uint8 before every metric",
             "psnr": "mean over images of per-image PSNR (dB)", "ssim": "Gaussian window 11x11, sigma 1.5",
@@ -262,14 +303,10 @@ def compare(arms: dict[str, list[str]], data: str, out_dir: str | Path, options:
                             "adjusted p-value at 1 - confidence",
             "bicubic": f"bicubic down/up-sampling keeping >= {bicubic['values_per_pixel']:g} values per pixel "
                        "(the largest latent among the arms)",
-            "macs": f"encode (mode) + decode of one {options.resolution}² image, batch 1, torch.utils.flop_counter",
+            "macs": f"encode (mode) + decode of one {protocol['resolution']}² image, batch 1, torch.utils.flop_counter",
             **options.extra,
         },
     }
-    write_atomic(out / "compare.json", json.dumps(result, indent=1))
-    write_atomic(out / "compare.md", render_markdown(result))
-    plot_or_warn(plot_psnr_vs_gmacs, result, out / "compare.png", log=log)
-    return result
 
 
 def _image_means(runs: list[list[dict[str, Any]]], metric: str) -> list[float]:
