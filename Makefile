@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup test lint demo bench bench-gpu study study-report study-quick study-vae study-vae-report study-schedule study-schedule-report recipe-search-vae \
+.PHONY: setup test lint demo bench bench-gpu study study-report study-quick study-vae study-vae-report study-schedule study-schedule-report study-fair study-fair-report recipe-search-vae \
 	release-vae release-vae-gpu-prepare release-vae-gpu clean
 
 setup: $(STAMP)
@@ -65,6 +65,19 @@ study-schedule: setup
 # Re-render docs/study_schedule.md and its plots from the committed results.json (no training or measuring).
 study-schedule-report: setup
 	$(BIN)/python benchmarks/study_schedule.py --render-only --out docs/study_schedule.md
+
+# A fair fight (docs/study_fair.md): the AutoencoderKL reference's shape sweep, one recipe search per arm of the 2 x 2
+# (LoopVAE / AutoencoderKL / LoopVAE with shortcuts / AutoencoderDC; 9 arms each, the same CPU budget per arm), then
+# the main runs (3 seeds per arm, equal images and equal CPU-seconds) on one committed code version. Each finished run
+# writes docs/study_fair/runs/<run>.json (commit them as they come); a rerun trains only what is missing. About
+# 1.6 h (shapes + searches) + 2.3 h (main) of two-job CPU time: two sittings.
+study-fair: setup
+	$(BIN)/python benchmarks/study_fair.py --phase shapes search main
+	$(BIN)/python benchmarks/study_fair_report.py
+
+# Re-render docs/study_fair.md (+ docs/study_fair/results.json, curves.png) from the committed result files.
+study-fair-report: setup
+	$(BIN)/python benchmarks/study_fair_report.py
 
 # The bundled model's recipe search: 8 one-change arms x ~6.5 CPU-minutes, two at a time (~30 min)
 # -> docs/study_loopvae/recipe_search.md (+ .png, .json).

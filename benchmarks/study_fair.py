@@ -250,6 +250,143 @@ def plan_search(costs: dict[str, Any], families: list[str]) -> list[Planned]:
     return out
 
 
+# -- the main phase: the 2 x 2 at each arm's own best recipe, 3 seeds, two budgets -----------------------
+MAIN_STEPS = 1500  # equal images seen: 1,500 steps x 8 crops of 64^2 (scaled by a recipe's pixels per step)
+MAIN_SEEDS = (0, 1, 2)
+# Pre-registered: when a primary verdict is inconclusive at 3 seeds, both of its arms get seeds 3 and 4.
+EXTRA_SEEDS = (3, 4)
+MAIN_EVALS = 6  # validation points per main run (the learning curves)
+# The slowest family at equal images defines the equal-CPU budget: every family then trains for the CPU-seconds
+# that family's equal-images run takes (estimated from the probe; the page reports the measured seconds).
+BUDGET_FAMILY = "loopvae-sc"
+
+
+def pick_recipe(key: str) -> dict[str, Any] | None:
+    """The family's best search arm by validation PSNR at matched CPU time, once all 9 arms have a result:
+    ``{arm, score, runner_up, gap, matched_seconds}`` (``None`` while arms are missing)."""
+    rows = search_rows(key)
+    if len(rows) < len(search_arms(FAMILIES[key])):
+        return None
+    scores = matched_scores(rows)
+    ranked = sorted((k for k in scores if scores[k] is not None), key=lambda k: -scores[k])
+    done = [r for r in rows.values() if r.get("status") == "finished" and r["curve"]]
+    return {"arm": ranked[0], "score": scores[ranked[0]], "runner_up": ranked[1] if len(ranked) > 1 else None,
+            "gap": scores[ranked[0]] - scores[ranked[1]] if len(ranked) > 1 else None,
+            "matched_seconds": min(r["curve"][-1]["train_seconds"] for r in done)}
+
+
+def main_runs(costs: dict[str, Any], seeds: tuple[int, ...] = MAIN_SEEDS) -> list[Planned]:
+    """Every main run whose family's recipe is known: ``main-<family>-img-s<k>`` (equal images) and, for the
+    families faster than :data:`BUDGET_FAMILY`, ``main-<family>-cpu-s<k>`` (equal CPU-seconds)."""
+    ips = costs["images_per_second"]
+    budget_seconds = MAIN_STEPS * 8 / ips[BUDGET_FAMILY]
+    out = []
+    for key, family in FAMILIES.items():
+        pick, chosen = pick_recipe(key), family_model(family)
+        if pick is None or chosen is None:
+            continue
+        model, overrides = chosen
+        arm = next(a for a in search_arms(family) if a.name == pick["arm"])
+        cost_label = key if family.model is not None else f"shape-{next(s[0] for s in SHAPES if s[1:] == chosen)}"
+        budgets = {"img": max(4, round(STEP_SCALE * MAIN_STEPS * arm.pixel_factor))}
+        if key != BUDGET_FAMILY:
+            budgets["cpu"] = max(4, round(STEP_SCALE * budget_seconds * ips[cost_label] / 8 * arm.pixel_factor))
+        for budget, steps in budgets.items():
+            for seed in seeds:
+                name = f"main-{key}-{budget}"
+                train = _train_arm(name, model, overrides, steps, arm.overrides, seed, MAIN_EVALS)
+                out.append(Planned(train, {
+                    "phase": "main", "family": key, "budget": ["images", "cpu"] if key == BUDGET_FAMILY and
+                    budget == "img" else ["images"] if budget == "img" else ["cpu"], "recipe_arm": pick["arm"],
+                    "recipe": arm.overrides, "model": model, "model_overrides": overrides, "steps": steps,
+                    "budget_seconds_planned": budget_seconds if budget == "cpu" or key == BUDGET_FAMILY else None}))
+    return out
+
+
+def check_main_code(plan_file: Path) -> dict[str, Any]:
+    """Every main run trains on one code version: the first main run records its commit in ``plan.json``; later
+    sittings must run from a checkout whose training code (packages/, pipelines/) equals it."""
+    plan = json.loads(plan_file.read_text()) if plan_file.is_file() else {}
+    here = code_version()
+    if here["dirty"]:
+        raise SystemExit("the main phase needs a clean checkout (every run on one committed code version); commit "
+                         "or run from a worktree of the study's commit")
+    if "main_commit" not in plan:
+        plan.update(main_commit=here["commit"], date=time.strftime("%Y-%m-%d %H:%M"))
+        plan_file.write_text(json.dumps(plan, indent=1) + "\n")
+        return plan
+    changed = subprocess.run(["git", "-C", str(Path(__file__).resolve().parent), "diff", "--quiet",
+                              plan["main_commit"], here["commit"], "--", "packages", "pipelines"], check=False)
+    if changed.returncode != 0:
+        raise SystemExit(f"the training code differs from the main phase's commit {plan['main_commit'][:10]} "
+                         f"(git diff {plan['main_commit'][:10]} -- packages pipelines); run the main phase from a "
+                         f"worktree of it: git worktree add /tmp/study {plan['main_commit'][:10]}")
+    return plan
+
+
+def evaluate_main_run(run: Path, data: Any) -> dict[str, Any]:
+    """Per image on the 40 held-out ImageNet images and kodim21-24 at 256^2: PSNR, SSIM, bicubic, and the error
+    diagnosis (:func:`diagnose`); plus the architecture facts ``loopvae compare`` records."""
+    import torch
+
+    from loopvae.compare import _architecture
+    from loopvae.evaluate import EvalOptions, evaluate
+    from loopvae.loading import load_tokenizer
+
+    torch.set_num_threads(1)
+    release = run / "release"
+    model = load_tokenizer(release).model
+    out: dict[str, Any] = {"arch": {k: v for k, v in _architecture(str(release), 256, "ema").items()
+                                    if k != "config"}}
+    for split, urls in (("imagenet", data.imagenet_holdout), ("kodak", data.kodak_val)):
+        metrics = evaluate(release, urls, run / f"eval-{split}", EvalOptions(
+            resolution=256, batch_size=4, num_workers=0, lpips_net="none", device="cpu", progress=False,
+            grid_images=4))
+        rows = json.loads((run / f"eval-{split}" / "per_image.json").read_text())
+        diag = diagnose(model, urls)
+        out[split] = sorted(({"key": r["key"], "shard": Path(r["shard"]).name, "psnr": r["psnr"], "ssim": r["ssim"],
+                              "bicubic_psnr": r["bicubic_psnr"], "bicubic_ssim": r["bicubic_ssim"],
+                              **diag[r["key"]]} for r in rows), key=lambda r: (r["shard"], r["key"]))
+        out[f"{split}_low_resolution"] = metrics["baseline"]["low_resolution"]
+    return out
+
+
+def diagnose(model: Any, urls: str) -> dict[str, dict[str, float]]:
+    """Per image, what kind of error a reconstruction makes (images in [0, 1] at 256^2):
+
+    * ``colour_error``: mean over channels of |mean(recon_c) - mean(ref_c)| (a global colour / brightness shift);
+    * ``low_freq_rmse`` / ``high_freq_rmse``: RMS error of the 8x8-average-pooled images, and of what remains;
+    * ``out_of_range``: fraction of pixels with any channel outside [0, 1] before clipping;
+    * ``saturated_ref``: fraction of reference pixels with a channel at 0 or 1 (saturated images are where
+      a colour error shows most).
+    """
+    import torch
+    import torch.nn.functional as F
+
+    import loopdata
+    from loopvae.autoencoders import reconstruct_mode
+
+    loader = loopdata.make_loader(urls, task="reconstruction", train=False, batch_size=4, num_workers=0,
+                                  resolution=256, rank=0, world_size=1)
+    out = {}
+    with torch.no_grad():
+        for batch in loader:
+            ref = (batch["image"] + 1) / 2
+            rec = (reconstruct_mode(model, batch["image"]).float() + 1) / 2
+            err = rec.clamp(0, 1) - ref
+            low = F.avg_pool2d(err, 8)
+            high = err - F.interpolate(low, scale_factor=8, mode="nearest")
+            for i, key in enumerate(batch["key"]):
+                out[key] = {
+                    "colour_error": float((rec[i].clamp(0, 1).mean((1, 2)) - ref[i].mean((1, 2))).abs().mean()),
+                    "low_freq_rmse": float(low[i].pow(2).mean().sqrt()),
+                    "high_freq_rmse": float(high[i].pow(2).mean().sqrt()),
+                    "out_of_range": float(((rec[i] < 0) | (rec[i] > 1)).any(0).float().mean()),
+                    "saturated_ref": float(((ref[i] <= 0) | (ref[i] >= 1)).any(0).float().mean()),
+                }
+    return out
+
+
 # -- reading -----------------------------------------------------------------------------------------
 def psnr_at(points: list[dict[str, Any]], seconds: float) -> float | None:
     """Validation PSNR linearly interpolated at ``seconds`` of training CPU time (``None`` outside the curve)."""
@@ -312,6 +449,8 @@ def run_planned(planned: list[Planned], data: Any, runs: Path, jobs: int, timing
                       date=time.strftime("%Y-%m-%d %H:%M"), code=code_version(), threads=1, jobs=jobs)
         if code != 0 and log_file.is_file():
             record["log_tail"] = log_file.read_text().splitlines()[-12:]
+        if code == 0 and p.record["phase"] == "main":
+            record["evaluation"] = evaluate_main_run(run, data)
         write_result(arm.name, record)
         print(f"  result {result_path(arm.name)} ({record['status']})", flush=True)
 
@@ -326,7 +465,9 @@ def run_planned(planned: list[Planned], data: Any, runs: Path, jobs: int, timing
 def main() -> int:
     global DOCS, RESULTS, STEP_SCALE
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--phase", nargs="+", default=["shapes", "search"], choices=["shapes", "search"])
+    parser.add_argument("--phase", nargs="+", default=["shapes", "search"], choices=["shapes", "search", "main"])
+    parser.add_argument("--seeds", type=int, nargs="+", default=None,
+                        help="main phase: these seeds (default 0 1 2; 3 4 are the pre-registered extra seeds)")
     parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
     parser.add_argument("--runs", default="runs/study-fair")
     parser.add_argument("--shared", default=None)
@@ -348,6 +489,14 @@ def main() -> int:
         print("shape winner:", shape_winner(), flush=True)
     if "search" in args.phase:
         run_planned(plan_search(costs, args.families), data, runs, args.jobs, timings)
+    if "main" in args.phase:
+        check_main_code(DOCS / "plan.json")
+        planned = [p for p in main_runs(costs, tuple(args.seeds) if args.seeds else MAIN_SEEDS)
+                   if p.record["family"] in args.families]
+        # longest first: the equal-CPU runs, then by seed so that every arm's first seeds finish early
+        planned.sort(key=lambda p: (p.arm.seed, -p.record["steps"] / costs["images_per_second"].get(
+            p.record["family"], 30.0)))
+        run_planned(planned, data, runs, args.jobs, timings)
     return 0
 
 

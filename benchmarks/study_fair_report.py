@@ -1,0 +1,377 @@
+"""The fair-comparison study's page, computed from the committed per-run result files -> ``docs/study_fair.md``.
+
+Every number and verdict on the page comes from ``docs/study_fair/runs/*.json`` (and ``probe.json``,
+``plan.json``); the seed-level comparisons go through :func:`loopvae.compare.summarise`, the code behind
+``loopvae compare``. Runs that have no result file yet are listed as missing, never filled in.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import study_fair as sf  # noqa: E402
+
+from looprun.statistics import seeds_disagree  # noqa: E402
+from loopvae.compare import CompareOptions, SeedEvaluation, summarise  # noqa: E402
+
+# The pre-registered primary family (written on the page before the main runs started): PSNR on the 40 held-out
+# ImageNet-sample images at 256^2, seed-level, Holm over these four.
+PRIMARY = [
+    ("P1", "recurrence without shortcuts, equal images", "loopvae@img", "klvae@img"),
+    ("P2", "recurrence with shortcuts, equal images", "loopvae-sc@img", "dcae@img"),
+    ("P3", "recurrence without shortcuts, equal CPU-seconds", "loopvae@cpu", "klvae@cpu"),
+    ("P4", "recurrence with shortcuts, equal CPU-seconds", "loopvae-sc@cpu", "dcae@cpu"),
+]
+# Exploratory (Holm within their own family; no headline rests on them).
+SECONDARY = [
+    ("S1", "shortcuts within LoopVAE, equal images", "loopvae-sc@img", "loopvae@img"),
+    ("S2", "shortcuts within the references, equal images", "dcae@img", "klvae@img"),
+    ("S3", "shortcuts within LoopVAE, equal CPU-seconds", "loopvae-sc@cpu", "loopvae@cpu"),
+    ("S4", "shortcuts within the references, equal CPU-seconds", "dcae@cpu", "klvae@cpu"),
+]
+
+PREREGISTRATION = """## Pre-registration (written before the main runs)
+
+*Committed before any main run started; the rules below decide the verdicts, and the page is computed from them.*
+
+- **Arms** (the 2 × 2): recurrence × shortcuts. Without shortcuts: `loopvae` (`loopvae-cnn-tiny`, 0.35M) vs
+  `klvae` (the AutoencoderKL shape picked by the sweep, ~1.0M). With shortcuts: `loopvae-sc` (`loopvae-cnn-tiny`
+  with its parameter-free shortcuts, 0.35M) vs `dcae` (diffusers `AutoencoderDC`, `dcae-tiny`, 1.23M). Each arm
+  trains at the best recipe of its own search (9 arms each, the same CPU budget per arm).
+- **Budgets**: *equal images*: 1,500 steps × 8 crops of 64² (a recipe with other crops keeps the pixels per
+  step); *equal CPU-seconds*: every arm trains for the CPU-seconds `loopvae-sc` needs at equal images (the
+  slowest arm; its equal-images runs serve both budgets), estimated from the cost probe and reported as
+  measured.
+- **Seeds**: 0, 1, 2 per arm and budget. If a primary comparison is inconclusive at 3 seeds, both of its arms
+  get seeds 3 and 4 (5 seeds), once; no further seeds are added.
+- **Primary comparisons** (PSNR on the 40 held-out ImageNet-sample images at 256², seed = unit, Holm over the
+  four; verdict *better* / *worse* / *inconclusive* at α = 0.05 after Holm):
+  P1 `loopvae − klvae` at equal images; P2 `loopvae-sc − dcae` at equal images; P3 `loopvae − klvae` at equal
+  CPU-seconds; P4 `loopvae-sc − dcae` at equal CPU-seconds.
+- **Pairing**: paired t by seed where both arms' runs record the same seed, data, crop and batch (the same crops
+  in the same order), Welch t otherwise (`loopvae compare`'s rule).
+- **Exploratory** (labelled so; Holm within their own family): SSIM for P1–P4; shortcuts within LoopVAE
+  (`loopvae-sc − loopvae`) and within the references (`dcae − klvae`) at both budgets; kodim21–24; every arm
+  against bicubic at ≥ equal values per pixel.
+- **Per-image intervals** from one run are descriptive only (no verdict word); the **null rows** (two seeds of
+  one arm compared by image) show what such intervals call a difference between identical configurations.
+- **A diverging seed** (its held-out PSNR further from its arm's other seeds than max(0.5 dB, 5 × the other
+  arms' seed spread)) is diagnosed: which images, what error (colour shift, low- vs high-frequency error, range,
+  saturated references). Verdicts are reported with all seeds; the reading also states the verdict without it.
+- **Conclusion** computed from P1–P4 and S1–S2 with params, GMACs and measured CPU-seconds per image.
+"""
+
+
+# -- loading -------------------------------------------------------------------------------------------
+def results() -> dict[str, dict[str, Any]]:
+    return {p.stem: json.loads(p.read_text()) for p in sorted(sf.RESULTS.glob("*.json"))}
+
+
+def main_arms(rows: dict[str, dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """``family@img`` / ``family@cpu`` -> finished main runs (by seed). The budget family's runs serve both."""
+    arms: dict[str, list[dict[str, Any]]] = {}
+    for r in rows.values():
+        if r.get("phase") != "main" or r.get("status") != "finished" or "evaluation" not in r:
+            continue
+        for budget in r["budget"]:
+            arms.setdefault(f"{r['family']}@{'img' if budget == 'images' else 'cpu'}", []).append(r)
+    return {k: sorted(v, key=lambda r: r["seed"]) for k, v in arms.items()}
+
+
+def seed_evaluations(runs: list[dict[str, Any]], split: str = "imagenet") -> list[SeedEvaluation]:
+    out = []
+    for r in runs:
+        arch = dict(r["evaluation"]["arch"])
+        arch["config"] = {"model": r["model"], "model_overrides": r["model_overrides"]}
+        out.append(SeedEvaluation(r["name"], r["evaluation"][split], arch, None,
+                                  r["evaluation"].get(f"{split}_low_resolution")))
+    return out
+
+
+def family_summary(arms: dict[str, list[dict[str, Any]]], family: list[tuple[str, str, str, str]],
+                   split: str = "imagenet") -> dict[str, Any] | None:
+    """:func:`loopvae.compare.summarise` over the comparisons of ``family`` whose arms both have >= 1 run."""
+    pairs = [(a, b) for _, _, a, b in family if a in arms and b in arms]
+    if not pairs:
+        return None
+    names = list(dict.fromkeys(n for pair in pairs for n in pair))
+    evaluated = {n: seed_evaluations(arms[n], split) for n in names}
+    return summarise(evaluated, CompareOptions(pairs=pairs),
+                     {"data": f"{split} held-out set", "resolution": 256, "limit": None})
+
+
+# -- the page ------------------------------------------------------------------------------------------
+def _curve_end(r: dict[str, Any]) -> dict[str, Any] | None:
+    return r["curve"][-1] if r.get("curve") else None
+
+
+def shapes_section(rows: dict[str, dict[str, Any]], costs: dict[str, Any]) -> list[str]:
+    shape_rows = {label: rows.get(f"shape-{label}-s0") for label, _, _ in sf.SHAPES}
+    lines = ["## 1. The AutoencoderKL reference's shape", "",
+             "`flux-vae-tiny` (blocks 14/28/56/56, GroupNorm(7): 2 channels per group in 11 norm layers, 14 channels "
+             "at full resolution, a global-attention mid-block) is replaced by the best of four ~1.0M shapes, each "
+             "trained once at the search's base recipe (lr 1e-3, L1, 8 × 64²) for the same CPU budget "
+             "(~5 CPU-minutes, steps from the cost probe), validation PSNR at 256² on 40 images disjoint from "
+             "training and from the reported sets.", "",
+             "| shape | model | params | steps | CPU-min | final PSNR | at matched CPU time |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    done = {k: v for k, v in shape_rows.items() if v is not None}
+    scores = sf.matched_scores(done) if done else {}
+    from loopvae import create_model
+
+    for label, model, overrides in sf.SHAPES:
+        r = shape_rows[label]
+        if r is None:
+            lines.append(f"| {label} | `{model}` {overrides} | – | – | – | *missing* | – |")
+            continue
+        import yaml
+
+        params = sum(p.numel() for p in create_model(model, **(yaml.safe_load(overrides) or {})).parameters())
+        end = _curve_end(r)
+        score = scores.get(label)
+        lines.append(f"| {label} | `{model}` {overrides if overrides != '{}' else ''} | {params:,} | {r['steps']} | "
+                     f"{(r['train_seconds'] or 0) / 60:.1f} | {end['psnr'] if end else float('nan'):.2f} | "
+                     f"{'–' if score is None else f'{score:.2f}'} |")
+    winner = sf.shape_winner()
+    if winner is not None:
+        s_attn, s_plain = scores.get("w32-attn"), scores.get("w32")
+        lines += ["", f"Picked: **{winner[0]}** (`{winner[1]}`), the highest validation PSNR at matched CPU time."]
+        if s_attn is not None and s_plain is not None:
+            lines.append(f"The attention mismatch, measured: the same shape with its global-attention mid-block "
+                         f"(trained on 8×8 latent tokens, evaluated on 32×32) scores {s_attn:.2f} dB against "
+                         f"{s_plain:.2f} dB "
+                         f"without it ({s_attn - s_plain:+.2f} dB, one seed each: descriptive). The study uses no "
+                         "mid-block attention in any reference unless the sweep picks it, so both sides are evaluated "
+                         "on an architecture without a train/test token-count mismatch.")
+    return lines + [""]
+
+
+def search_section(rows: dict[str, dict[str, Any]]) -> list[str]:
+    lines = ["## 2. A recipe search per arm (same arms, same CPU budget per arm)", "",
+             "Nine arms per family from the same base (lr 1e-3, L1, 8 × 64², warm-up 50, cosine, EMA 0.999): "
+             "lr 2e-3 and 4e-3, L1 + 10 MSE alone and with each lr, 32 crops of 32², 4 crops of 96², and one "
+             "family-specific knob (LoopVAE: one learning rate instead of ×10 on its zero-initialised modulation "
+             "path; the references have no such path, so theirs drops the latent training noise they inherit from "
+             "LoopVAE's recipe). Each arm gets ~5 CPU-minutes (one thread); scored by validation PSNR interpolated at "
+             "the CPU time every arm of the family reached. One seed per arm: the pick is a choice, not a verdict; a "
+             "gap under 0.1 dB to the runner-up is flagged as a coin toss. `loopvae-sc` reuses the seven arms its "
+             "earlier search ran with identical settings (`docs/study_loopvae/recipe_search.json`, code of "
+             "2026-12-04) and adds the two lr 4e-3 arms.", ""]
+    for key, family in sf.FAMILIES.items():
+        fam_rows = sf.search_rows(key)
+        arms = sf.search_arms(family)
+        scores = sf.matched_scores(fam_rows) if fam_rows else {}
+        model = sf.family_model(family)
+        lines += [f"### {family.label} (`{key}`{', ' + model[0] if model else ''})", "",
+                  "| arm | change | steps | CPU-min | final PSNR | at matched time | status |",
+                  "|---|---|---:|---:|---:|---:|---|"]
+        for a in arms:
+            r = fam_rows.get(a.name)
+            if r is None:
+                lines.append(f"| {a.name} | {a.change} | – | – | – | – | *missing* |")
+                continue
+            end = _curve_end(r)
+            cpu = end["train_seconds"] / 60 if end else float("nan")
+            score = scores.get(a.name)
+            status = r.get("status", "?") + (" (earlier search)" if "source" in r else "")
+            lines.append(f"| {a.name} | {a.change} | {r['steps']} | {cpu:.1f} | "
+                         f"{end['psnr'] if end else float('nan'):.2f} | {'–' if score is None else f'{score:.2f}'} | "
+                         f"{status} |")
+        pick = sf.pick_recipe(key)
+        if pick is not None:
+            flag = " — **coin toss** (gap < 0.1 dB, within one seed's noise)" if pick["gap"] is not None and \
+                pick["gap"] < 0.1 else ""
+            lines += ["", f"Pick: **{pick['arm']}** ({pick['score']:.2f} dB at {pick['matched_seconds'] / 60:.1f} "
+                          f"CPU-min; runner-up {pick['runner_up']} by {pick['gap']:+.2f} dB){flag}."]
+        total = sum((_curve_end(r) or {}).get("train_seconds", 0) for r in fam_rows.values())
+        lines += ["", f"CPU spent on this search: {total / 60:.0f} CPU-minutes over {len(fam_rows)} arms.", ""]
+    return lines
+
+
+def _fmt(c: dict[str, Any], digits: int = 2) -> str:
+    ci = "no interval" if c["ci"][0] is None else f"[{c['ci'][0]:+.{digits}f}, {c['ci'][1]:+.{digits}f}]"
+    return f"{c['diff']:+.{digits}f} {ci}"
+
+
+def main_section(rows: dict[str, dict[str, Any]], costs: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
+    arms = main_arms(rows)
+    computed: dict[str, Any] = {"arms": {k: [r["name"] for r in v] for k, v in arms.items()}}
+    lines = ["## 3. The 2 × 2 at each arm's own recipe", ""]
+    planned = sf.main_runs(costs)
+    missing = [p.arm.name for p in planned if p.arm.name not in rows]
+    plan = json.loads((sf.DOCS / "plan.json").read_text()) if (sf.DOCS / "plan.json").is_file() else {}
+    if plan:
+        lines.append(f"Every main run trains on commit `{plan['main_commit'][:10]}` (`plan.json`; the driver refuses "
+                     "other training code).")
+    if missing:
+        lines += ["", f"**Not yet run** ({len(missing)} of {len(planned)} planned runs): "
+                      f"{', '.join(f'`{m}`' for m in missing)}. Every number below covers the finished runs only; "
+                      "a comparison whose arms lack runs is absent, not estimated.", ""]
+    if not arms:
+        return lines + ["No main run has finished yet.", ""], computed
+    lines += ["| arm | runs (seeds) | steps | params | GMACs | CPU-min / run | PSNR (40 ImageNet) | seed s.d. | SSIM | "
+              "kodim21–24 PSNR |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, runs in sorted(arms.items()):
+        psnrs = [statistics.fmean(x["psnr"] for x in r["evaluation"]["imagenet"]) for r in runs]
+        ssims = [statistics.fmean(x["ssim"] for x in r["evaluation"]["imagenet"]) for r in runs]
+        kodak = [statistics.fmean(x["psnr"] for x in r["evaluation"]["kodak"]) for r in runs]
+        arch = runs[0]["evaluation"]["arch"]
+        cpu = statistics.fmean((r["train_seconds"] or 0) for r in runs) / 60
+        sd = f"{statistics.stdev(psnrs):.3f}" if len(psnrs) > 1 else "–"
+        lines.append(f"| {name} | {len(runs)} ({', '.join(str(r['seed']) for r in runs)}) | {runs[0]['steps']} | "
+                     f"{arch['params']:,} | {arch['gmacs']:.2f} | {cpu:.1f} | {statistics.fmean(psnrs):.2f} | {sd} | "
+                     f"{statistics.fmean(ssims):.4f} | {statistics.fmean(kodak):.2f} |")
+    first = next(iter(arms.values()))[0]["evaluation"]["imagenet"]
+    lines += [f"| bicubic (0.25 values/px) | – | – | 0 | – | – | "
+              f"{statistics.fmean(x['bicubic_psnr'] for x in first):.2f} | – | "
+              f"{statistics.fmean(x['bicubic_ssim'] for x in first):.4f} | – |", ""]
+    primary = family_summary(arms, PRIMARY)
+    secondary = family_summary(arms, SECONDARY)
+    computed["primary"], computed["secondary"] = primary, secondary
+    for title, fam, summ in (("Primary comparisons (pre-registered, Holm over the four, PSNR)", PRIMARY, primary),
+                             ("Exploratory comparisons", SECONDARY, secondary)):
+        lines += [f"### {title}", "", "| id | question | a − b | PSNR diff [95% CI] | test | seeds | p | p (Holm) | "
+                  "verdict | SSIM diff [95% CI] (exploratory) |", "|---|---|---|---|---|---|---:|---:|---|---|"]
+        for pid, question, a, b in fam:
+            c = None if summ is None else next((x for x in summ["comparisons"] if x["a"] == a and x["b"] == b and
+                                                x["metric"] == "psnr"), None)
+            if c is None:
+                lines.append(f"| {pid} | {question} | {a} − {b} | *not run yet* | | | | | | |")
+                continue
+            s = next(x for x in summ["comparisons"] if x["a"] == a and x["b"] == b and x["metric"] == "ssim")
+            p = "–" if c["p"] is None else f"{c['p']:.3g}"
+            ph = "–" if c["p_holm"] is None else f"{c['p_holm']:.3g}"
+            verdict = c["verdict"] if title.startswith("Primary") else f"{c['verdict']} (exploratory)"
+            lines.append(f"| {pid} | {question} | {a} − {b} | {_fmt(c)} | {c['test']} | {c['n_a']} vs {c['n_b']} | "
+                         f"{p} | {ph} | **{verdict}** | {_fmt(s, 4)} |")
+        lines.append("")
+    # null rows and divergence
+    nulls = [n for summ in (primary, secondary) if summ for n in summ["null_rows"]]
+    if nulls:
+        excl = sum(n["excludes_zero"] for n in nulls)
+        lines += ["### Null rows: two seeds of one arm, compared by image", "",
+                  f"{excl} of {len(nulls)} seed pairs of identical configurations have a by-image 95% interval that "
+                  "excludes 0 (largest |diff| "
+                  f"{max(abs(n['diff']) for n in nulls):.2f} dB): a by-image verdict between single runs would call "
+                  "these 'different'. This is why the seed is the unit.", ""]
+    lines += divergence_lines(arms)
+    lines += ["![validation PSNR against images seen and CPU-seconds](study_fair/curves.png)", ""]
+    return lines, computed
+
+
+def divergence_lines(arms: dict[str, list[dict[str, Any]]]) -> list[str]:
+    spreads = {}
+    for name, runs in arms.items():
+        vals = [statistics.fmean(x["psnr"] for x in r["evaluation"]["imagenet"]) for r in runs]
+        spreads[name] = (max(vals) - min(vals)) if len(vals) > 1 else 0.0
+    lines = []
+    for name, runs in arms.items():
+        vals = [statistics.fmean(x["psnr"] for x in r["evaluation"]["imagenet"]) for r in runs]
+        others = statistics.median([v for k, v in spreads.items() if k != name] or [0.0])
+        if not seeds_disagree(vals, others):
+            continue
+        med = statistics.median(vals)
+        worst = max(range(len(runs)), key=lambda i: abs(vals[i] - med))
+        bad, rest = runs[worst], [r for i, r in enumerate(runs) if i != worst]
+        rows = bad["evaluation"]["imagenet"]
+        ref = {x["key"]: statistics.fmean(r["evaluation"]["imagenet"][i]["psnr"] for r in rest)
+               for i, x in enumerate(rows)}
+        deltas = sorted(((x["psnr"] - ref[x["key"]], x) for x in rows), key=lambda t: t[0])
+        lower = sum(d < 0 for d, _ in deltas)
+
+        def mean_of(key: str, runs_: list[dict[str, Any]]) -> float:
+            return statistics.fmean(x[key] for r in runs_ for x in r["evaluation"]["imagenet"])
+
+        d0, x0 = deltas[0]
+        lines += [f"### Diverging seed: `{bad['name']}` ({name})", "",
+                  f"Held-out PSNR {vals[worst]:.2f} dB against "
+                  f"{statistics.fmean(v for i, v in enumerate(vals) if i != worst):.2f} "
+                  f"for the arm's other seeds; lower on {lower} of {len(rows)} images; worst image `{x0['key']}` "
+                  f"{d0:+.2f} dB (its reference has {100 * x0['saturated_ref']:.0f}% saturated pixels). Error kind, "
+                  "this seed vs the others (means over images): colour shift "
+                  f"{mean_of('colour_error', [bad]):.4f} vs {mean_of('colour_error', rest):.4f}, low-frequency RMSE "
+                  f"{mean_of('low_freq_rmse', [bad]):.4f} vs {mean_of('low_freq_rmse', rest):.4f}, high-frequency RMSE "
+                  f"{mean_of('high_freq_rmse', [bad]):.4f} vs {mean_of('high_freq_rmse', rest):.4f}, out-of-range "
+                  f"pixels {100 * mean_of('out_of_range', [bad]):.2f}% vs "
+                  f"{100 * mean_of('out_of_range', rest):.2f}%.", ""]
+    return lines
+
+
+def plot_curves(rows: dict[str, dict[str, Any]], out: Path) -> None:
+    from looprun.plotting import pyplot
+
+    main = [r for r in rows.values() if r.get("phase") == "main" and r.get("curve")]
+    if not main:
+        return
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    colours = {k: f"C{i}" for i, k in enumerate(sf.FAMILIES)}
+    for r in main:
+        style = "-" if "images" in r["budget"] else "--"
+        label = f"{r['family']} {'/'.join(r['budget'])}" if r["seed"] == 0 else None
+        pts = r["curve"]
+        axes[0].plot([p["images_seen"] / 1e3 for p in pts], [p["psnr"] for p in pts], style,
+                     color=colours[r["family"]], alpha=0.8, label=label)
+        axes[1].plot([p["train_seconds"] / 60 for p in pts], [p["psnr"] for p in pts], style,
+                     color=colours[r["family"]], alpha=0.8, label=label)
+    for ax, xlabel in ((axes[0], "crops seen (thousands)"), (axes[1], "CPU-minutes of training (1 thread)")):
+        ax.set(xlabel=xlabel, ylabel="validation PSNR at 256² (dB)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle("Main runs: validation PSNR (40 images disjoint from training and the reported sets), every seed")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def render(command: str = "make study-fair") -> str:
+    rows = results()
+    costs = json.loads((sf.DOCS / "probe.json").read_text()) if (sf.DOCS / "probe.json").is_file() else None
+    ips = costs["images_per_second"] if costs else {}
+    lines = ["# A fair fight: LoopVAE against references on equal terms", "",
+             f"Produced by `{command}` (`benchmarks/study_fair.py`, page by `benchmarks/study_fair_report.py`); "
+             "re-render from the committed result files with `make study-fair-report`. Data: the release split "
+             "(740 training images: the shared ImageNet sample minus 40 held-out and 40 validation images, plus "
+             "kodim01–20); model selection only on the 40 validation images; verdicts on the 40 held-out images. "
+             "CPU runs, one thread each, two at a time.", "",
+             "The question: how much of a tokenizer's computation can share parameters, and what does it cost? "
+             "Earlier readings compared LoopVAE-with-shortcuts at its own tuned recipe against a badly shaped "
+             "reference trained at LoopVAE's recipe, with one run per model. Here every arm gets its own shape "
+             "check or search, the seed is the unit, and the comparisons were written down first.", ""]
+    if ips:
+        lines += ["Cost probe (training images/s, one thread, side by side in one process, "
+                  f"`probe.json`): {', '.join(f'{k} {v:.1f}' for k, v in ips.items())}.", ""]
+    lines += PREREGISTRATION.splitlines() + [""]
+    if costs:
+        lines += shapes_section(rows, costs)
+    lines += search_section(rows)
+    computed: dict[str, Any] = {}
+    if costs:
+        main_lines, computed = main_section(rows, costs)
+        lines += main_lines
+        plot_curves(rows, sf.DOCS / "curves.png")
+    (sf.DOCS / "results.json").write_text(json.dumps({"runs": rows, "computed": computed}, indent=1) + "\n")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--docs", default="docs/study_fair", help="the result folder (runs/, probe.json, plan.json)")
+    parser.add_argument("--out", default="docs/study_fair.md")
+    args = parser.parse_args()
+    sf.DOCS, sf.RESULTS = Path(args.docs), Path(args.docs) / "runs"
+    out = Path(args.out)
+    out.write_text(render())
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
