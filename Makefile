@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
 .PHONY: setup test lint demo bench bench-gpu study study-report study-quick study-vae study-vae-report study-schedule study-schedule-report study-fair study-fair-report recipe-search-vae \
-	release-vae release-vae-gpu-prepare release-vae-gpu clean
+	release-vae release-references release-vae-gpu-prepare release-vae-gpu clean
 
 setup: $(STAMP)
 
@@ -90,6 +90,13 @@ recipe-search-vae: setup
 release-vae: setup
 	$(BIN)/python benchmarks/release_vae.py
 	$(BIN)/python benchmarks/study_loopvae.py --report-only --out docs/study_loopvae.md
+	$(BIN)/python benchmarks/release_references.py
+
+# The tuned references alone (assets/models/<AutoencoderKL pick>, assets/models/dcae-tiny): each at its own search's
+# recipe (docs/study_fair.md), the bundled LoopVAE's images seen; ~45 min on 2 cores; refuses to bundle a reference
+# that does not beat bicubic on the held-out images -> docs/study_loopvae/references.json.
+release-references: setup
+	$(BIN)/python benchmarks/release_references.py
 
 # GPU release, step 1 (here): the compact training shard + held-out shard in gpu-data/ (git-ignored via
 # .git/info/exclude) and the wheels the device image lacks in .whl/; carry both to the device.
