@@ -88,7 +88,8 @@ def write_card(target: Path, r: dict[str, Any]) -> None:
 
 diffusers `{r['class']}` (`loopvae.create_model("{r['model']}")`), {r['params']:,} parameters,
 {r['gmacs']:.2f} GMACs per 256² reconstruction: the
-{'shortcut-equipped ' if r['class'] == 'AutoencoderDC' else ''}reference of loopvision's fair-comparison study (`docs/study_fair.md`), trained at the recipe its own search picked.
+{'shortcut-equipped ' if r['class'] == 'AutoencoderDC' else ''}reference of loopvision's fair-comparison study
+(`docs/study_fair.md`), trained at the recipe its own search picked.
 
 ## How it was made
 
