@@ -64,11 +64,12 @@ def reference_arm(key: str, steps: int | None) -> tuple[Arm, dict[str, Any]]:
     recipe = next(a for a in sf.search_arms(family) if a.name == pick["arm"])
     total = steps if steps is not None else max(4, round(RELEASE_STEPS * recipe.pixel_factor))
     every = max(1, total // 10)
-    arm = Arm(f"{model}-s0", key, [
+    arm = Arm(f"{sf.registered_name(model, overrides)}-s0", key, [
         f"model={model}", f"model_overrides={overrides}", "seed=0", f"max_steps={total}",
         f"eval_every={every}", f"checkpoint_every={max(1, total // 15)}", f"image_every={total}",
         "log_every=50", *sf.BASE_RECIPE, *recipe.overrides])
-    return arm, {"family": key, "model": model, "model_overrides": overrides, "recipe_arm": pick["arm"],
+    return arm, {"family": key, "model": sf.registered_name(model, overrides), "model_overrides": overrides,
+                 "recipe_arm": pick["arm"],
                  "recipe": recipe.overrides, "steps": total}
 
 

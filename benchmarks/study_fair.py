@@ -79,6 +79,13 @@ SHAPES = [
     ("w32-attn", "klvae-tiny-w32", "{mid_block_add_attention: true}"),
 ]
 
+# The registered name of a swept (model, overrides) pair (bundles are named by it).
+REGISTERED = {("klvae-tiny-w32", "{mid_block_add_attention: true}"): "klvae-tiny-w32-attn"}
+
+
+def registered_name(model: str, overrides: str) -> str:
+    return REGISTERED.get((model, overrides), model)
+
 
 @dataclass
 class SearchArm:

@@ -33,15 +33,17 @@ def dcae_run(tmp_path_factory) -> Path:
 
 def test_reference_shapes_have_the_stated_sizes_and_norm_groups() -> None:
     counts = {name: sum(p.numel() for p in create_model(name).parameters())
-              for name in ("klvae-tiny-w32", "klvae-tiny-w24", "klvae-tiny-d2", "dcae-tiny")}
+              for name in ("klvae-tiny-w32", "klvae-tiny-w24", "klvae-tiny-d2", "klvae-tiny-w32-attn", "dcae-tiny")}
     assert counts == {"klvae-tiny-w32": 1016067, "klvae-tiny-w24": 988251, "klvae-tiny-d2": 956987,
-                      "dcae-tiny": 1234491}
+                      "klvae-tiny-w32-attn": 1049603, "dcae-tiny": 1234491}
     for name in ("klvae-tiny-w32", "klvae-tiny-w24", "klvae-tiny-d2"):
         vae = create_model(name)
         norms = [m for m in vae.modules() if isinstance(m, torch.nn.GroupNorm)]
         assert norms and min(m.num_channels // m.num_groups for m in norms) >= 4, name
         assert not any(isinstance(m, Attention) for m in vae.modules()), name
-    assert any(isinstance(m, Attention) for m in create_model("klvae-tiny-w32", mid_block_add_attention=True).modules())
+    assert any(isinstance(m, Attention) for m in create_model("klvae-tiny-w32-attn").modules())
+    assert create_model("klvae-tiny-w32-attn").config == create_model("klvae-tiny-w32",
+                                                                      mid_block_add_attention=True).config
 
 
 def test_latent_helpers_agree_with_each_class() -> None:

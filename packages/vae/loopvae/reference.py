@@ -20,7 +20,9 @@ attention (``mid_block_add_attention=True`` puts it back, for measuring the mism
 
 * ``klvae-tiny-w32``: blocks 32/32/64/64, 1 layer per block, GroupNorm(8): 1.02M, 7.81 GMACs;
 * ``klvae-tiny-w24``: blocks 24/32/64/64, 1 layer per block, GroupNorm(4): 0.99M;
-* ``klvae-tiny-d2``: blocks 16/32/48/56, 2 layers per block (FLUX's depth), GroupNorm(4): 0.97M.
+* ``klvae-tiny-d2``: blocks 16/32/48/56, 2 layers per block (FLUX's depth), GroupNorm(4): 0.97M;
+* ``klvae-tiny-w32-attn``: ``klvae-tiny-w32`` with its global-attention mid-block, 1.05M: the sweep's pick (it
+  scored best at 256^2 although trained on 64^2 crops).
 
 ``dcae-tiny``: diffusers ``AutoencoderDC`` (the deep-compression autoencoder: space-to-channel shortcuts around
 every down/up-sampling, a deterministic latent) at f8 with 16 latent channels: channels 16/32/64/128, one ResBlock

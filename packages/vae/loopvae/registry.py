@@ -177,4 +177,9 @@ for _name, _config in KLVAE_TINY_CONFIGS.items():
     register_model(_name)(
         lambda _config=_config, **overrides: reference_vae(_config, **{"initial_logvar": -6.0, **overrides})
     )
+# The shape sweep's pick (docs/study_fair.md): w32 with its global-attention mid-block, 1.05M parameters.
+register_model("klvae-tiny-w32-attn")(
+    lambda **overrides: reference_vae(KLVAE_TINY_CONFIGS["klvae-tiny-w32"],
+                                      **{"initial_logvar": -6.0, "mid_block_add_attention": True, **overrides})
+)
 register_model("dcae-tiny")(lambda **overrides: dc_autoencoder(DCAE_TINY_CONFIG, **overrides))
