@@ -5,6 +5,7 @@ import torch
 
 import loopvae
 from loopcore.flops import count_macs, count_parameters
+from loopvae.autoencoders import has_posterior
 
 PARAMS = {  # name: (paper figure, relative tolerance)
     "loopvae-cnn-f8d16": (29.07e6, 0.03),
@@ -108,18 +109,23 @@ COUNTED = {
     "flux-vae": 83_819_683, "flux-vae-tiny": 1_031_401, "loopvae-cnn-f8d16": 29_293_863, "loopvae-cnn-tiny": 350_535,
     "loopvae-cnn-small": 4_211_463, "flux-vae-small": 11_856_083,
     "loopvae-multi": 220_424_105, "loopvae-vit-f8d16": 32_688_423, "sd-vae": 83_653_863,
+    "klvae-tiny-w32": 1_016_067, "klvae-tiny-w24": 988_251, "klvae-tiny-d2": 956_987, "klvae-tiny-w32-attn": 1_049_603,
+    "dcae-tiny": 1_234_491,
 }
 # Tiny versions of every registered architecture (same graph: scales, loops, windows, heads), for numerics.
 TINY_OVERRIDES = {
     "loopvae": dict(width=24, num_blocks=1, norm_num_groups=4),
     "attention": dict(num_heads=2),
     "reference": dict(block_out_channels=(8, 8, 8, 8), layers_per_block=1, norm_num_groups=4),
+    "dc": dict(encoder_block_out_channels=(8, 8, 16, 16), decoder_block_out_channels=(8, 8, 16, 16)),
 }
 
 
 def tiny_overrides(name: str) -> dict:
     if name == "flux-vae-tiny":
         return {}
+    if name == "dcae-tiny":
+        return TINY_OVERRIDES["dc"]
     if not name.startswith("loopvae"):
         return TINY_OVERRIDES["reference"]
     if meta_model(name).config.shortcuts:  # every shortcut needs a width divisible by 12, 16 and 3
@@ -143,13 +149,16 @@ def test_every_registered_model_trains_at_tiny_size(name: str) -> None:
     x = torch.rand(2, 3, 64, 64) * 2 - 1
     if isinstance(model, loopvae.LoopVAE):
         posteriors = list(model.encode_all(x).values())
-    else:
+    elif has_posterior(model):
         posteriors = [model.encode(x).latent_dist]
+    else:  # a deterministic autoencoder (AutoencoderDC): its latent, no KL term
+        posteriors = [None]
     loss = torch.zeros(())
     for posterior in posteriors:
-        recon = model.decode(posterior.sample()).sample
+        z = model.encode(x).latent if posterior is None else posterior.sample()
+        recon = model.decode(z).sample
         assert recon.shape == x.shape
-        loss = loss + (recon - x).square().mean() + 1e-6 * posterior.kl().mean()
+        loss = loss + (recon - x).square().mean() + (0.0 if posterior is None else 1e-6 * posterior.kl().mean())
     loss.backward()
     assert torch.isfinite(loss)
     unused = [n for n, p in model.named_parameters() if p.grad is None]
