@@ -12,8 +12,9 @@ from study_loopvae_report import anytime_reading, per_image_criteria, stage
 LOOPVAE, REFERENCE = "loopvae-s0", "flux-vae-tiny-s0"
 
 
-def _diff(d: dict[str, Any]) -> str:
-    return PairedDifference(**d).describe()
+def _diff(d: dict[str, Any], unit: str = "dB", digits: int = 2) -> str:
+    """A by-image difference between single runs: descriptive, without a verdict word."""
+    return PairedDifference(**d).describe(unit=unit, digits=digits, verdict=False)
 
 
 def recipe_section(folder: Path) -> list[str]:
@@ -51,13 +52,15 @@ def release_section(r: dict[str, Any], folder: Path) -> list[str]:
     kb, ib = ev[LOOPVAE]["kodak"]["baseline"], ev[LOOPVAE]["imagenet"]["baseline"]
     lines += [f"| bicubic via {kb['low_resolution'][0]}×{kb['low_resolution'][1]} | 0 | – | {kb['psnr']:.2f} | "
               f"{kb['ssim']:.4f} | {ib['psnr']:.2f} | {ib['ssim']:.4f} |", "",
-              "Paired by image (95% t-interval):", ""]
+              "Paired by image (95% t-interval), one run per model: the intervals cover images, not training "
+              "runs, so they are descriptive and carry no verdict. The seed-level comparison against tuned "
+              "references is in [study_fair.md](study_fair.md).", ""]
     for split, label in (("kodak", "kodim21–24"), ("imagenet", f"{r['num_holdout']} held-out ImageNet images")):
         c = cmp[split]
         bar = "met" if c["margin_over_bicubic"] >= 1.0 else "not met"
         lines += [f"- {label}: LoopVAE − bicubic {_diff(c['vs_bicubic_psnr'])} (the bar, ≥ +1.0 dB: {bar}); "
                   f"LoopVAE − reference PSNR {_diff(c['vs_reference_psnr'])}; SSIM "
-                  f"{PairedDifference(**c['vs_reference_ssim']).describe(unit='', digits=4)}."]
+                  f"{_diff(c['vs_reference_ssim'], unit='', digits=4)}."]
     ls, hl = r["latent_stats"], r["heldout_latents"]
     lines += [
         f"- Latent normalisation (`loopvae latent-stats`, {ls['num_images']} training images, posterior "

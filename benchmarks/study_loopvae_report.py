@@ -123,10 +123,11 @@ def reading(r: dict[str, Any]) -> list[str]:
 
     lines = ["## Reading (computed from the tables above)", "",
              "Every comparison is paired (by seed between arms, by image within a model), with a 95% t-interval "
-             "(df = pairs − 1) and one of three verdicts: **better** / **worse** (the interval excludes 0) or "
-             "**inconclusive** (it does not, or there is one pair and no interval). A verdict is never \"equal\". "
-             "Pairs by "
-             "image compare two single runs: their interval covers image-to-image variation, not seed-to-seed.",
+             "(df = pairs − 1). The seed is the unit of every verdict: a comparison paired by seed gets one of three, "
+             "**better** / **worse** (the interval excludes 0) or **inconclusive** (it does not, or there is one "
+             "pair and no interval), never \"equal\". Pairs by image compare single runs, one per model: their "
+             "interval covers image-to-image variation, not seed-to-seed, so it is descriptive and carries no "
+             "verdict.",
              ""]
     spread = max(max(values("global", s)) - min(values("global", s)) for s in ("kodak", "imagenet"))
     budget = f"{r['preset']['max_steps'] * r['preset']['batch_size']:,} crops of {r['preset']['resolution']}² each"
@@ -196,9 +197,9 @@ def reading(r: dict[str, Any]) -> list[str]:
         exits = [paired_difference(d["per_image"]["psnr"], p["per_image"]["psnr"])
                  for d, p in zip(ds_dec["prefix"], plain_dec["prefix"])]
         lines.append(
-            "- **Deep supervision (beyond the paper).** Deeply supervised − plain (seed 0), paired by image, with "
-            f"k = 1..{len(exits)} decoder-2x passes: " + "; ".join(f"k={k + 1}: {e.describe()}"
-                                                                   for k, e in enumerate(exits)) + ". "
+            "- **Deep supervision (beyond the paper).** Deeply supervised − plain (seed 0 of each, one run per "
+            f"model: descriptive), paired by image, with k = 1..{len(exits)} decoder-2x passes: "
+            + "; ".join(f"k={k + 1}: {e.describe(verdict=False)}" for k, e in enumerate(exits)) + ". "
             + anytime_reading(ds))
     return lines + [""]
 

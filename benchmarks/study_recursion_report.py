@@ -201,6 +201,29 @@ def turning_stops(turns: list[float], tolerance: float = 0.01) -> int | None:
 
 
 # -- reading --------------------------------------------------------------------------------------------
+def coin_toss(pick: dict[str, Any], noise: Stat | None) -> tuple[float, float, float] | None:
+    """``(runner-up lr, its loss gap, the seed s.d.)`` when the sweep's runner-up is behind the pick by less than the
+    seed s.d. of the arm's final loss (the pick is then a coin toss between the two); else None."""
+    finite = sorted((v, float(lr)) for lr, v in pick["losses"].items() if v is not None)
+    if len(finite) > 1 and noise is not None and noise.n > 1 and finite[1][0] - finite[0][0] < noise.sd:
+        return finite[1][1], finite[1][0] - finite[0][0], noise.sd
+    return None
+
+
+def at_other_lr(s: dict[str, Any], picks: dict[str, dict], arm: str, r1: Stat) -> str:
+    """For an arm also trained at another depth group's lr (plain recursion at the fused arms' lr): its R - R=1
+    comparison there too, with its own lr pick flagged when that pick was a coin toss."""
+    e = s.get(arm, {})
+    if "top1_at_shared_lr" not in e:
+        return ""
+    pick = picks[e["group"]]
+    toss = coin_toss(pick, e.get("final_loss"))
+    flag = (f", an lr picked over {toss[0]:g} on a {toss[1]:.3f} loss gap, less than the seed s.d. ({toss[2]:.3f}): "
+            "a coin toss" if toss is not None else "")
+    return (f" at its own lr {e['lr']:g}{flag}; at {e['shared_lr']:g}, R=4 − R=1 is "
+            f"{compare(e['top1_at_shared_lr'], r1).text()}")
+
+
 def reading(summary: dict[str, Any], picks: dict[str, dict], settings: dict, lr_grid: list[float]) -> list[str]:
     """Every sentence of the report's reading, each decided by the numbers (see module docstring)."""
     s = summary
@@ -218,11 +241,10 @@ def reading(summary: dict[str, Any], picks: dict[str, dict], settings: dict, lr_
                            for lr, v in sorted(pick["losses"].items(), key=lambda kv: float(kv[0])))
         edge = (" — still at the edge after extending the grid, so a better lr may lie outside it"
                 if pick["edge"] else "")
-        finite = sorted((v, float(lr)) for lr, v in pick["losses"].items() if v is not None)
-        noise = s.get(pick["arm"], {}).get("final_loss")
-        if len(finite) > 1 and noise is not None and noise.n > 1 and finite[1][0] - finite[0][0] < noise.sd:
-            edge += (f" — the runner-up {finite[1][1]:g} is only {finite[1][0] - finite[0][0]:.3f} behind, less than "
-                     f"the seed s.d. of this arm's final loss ({noise.sd:.3f}): a coin toss between the two")
+        toss = coin_toss(pick, s.get(pick["arm"], {}).get("final_loss"))
+        if toss is not None:
+            edge += (f" — the runner-up {toss[0]:g} is only {toss[1]:.3f} behind, less than "
+                     f"the seed s.d. of this arm's final loss ({toss[2]:.3f}): a coin toss between the two")
         parts.append(f"{group} ({pick['arm']}) {pick['lr']:g} [{losses}]{edge}")
     lines.append("- **Learning rates.** Picked per depth group by the lowest final training loss of seed 0 over "
                  f"the grid {{{', '.join(f'{v:g}' for v in lr_grid)}}}, extended by halving / doubling while the "
@@ -258,7 +280,8 @@ def reading(summary: dict[str, Any], picks: dict[str, dict], settings: dict, lr_
         stats = [r1, s[f"srvit-R2-{mode}"]["top1"], s[f"srvit-R4-{mode}"]["top1"]]
         sentences.append(f"`{mode}` {stats[1].fmt()} / {stats[2].fmt()} at R=2/4: " + {
             "rises": "rises with R", "falls": "falls with R", "mixed": "not monotone in R",
-            "flat": "R=4 − R=1 inconclusive"}[order(stats)] + f" (R=4 − R=1 {compare(stats[2], r1).text()})")
+            "flat": "R=4 − R=1 inconclusive"}[order(stats)] + f" (R=4 − R=1 {compare(stats[2], r1).text()})"
+            + at_other_lr(s, picks, f"srvit-R4-{mode}", r1))
     lines.append(f"- **Top-1 vs R** (R=1 {r1.fmt()}%): " + "; ".join(sentences) + ". The paper reports SR-ViT-S "
                  "rising 79.83 → 82.48 on ImageNet-1K for R = 1 → 4.")
     own_lr = [f"R={r} {picks[f'R{r}-last']['lr']:g} (query's: {picks[f'R{r}']['lr']:g})" for r in (2, 4)
@@ -286,7 +309,7 @@ def reading(summary: dict[str, Any], picks: dict[str, dict], settings: dict, lr_
                  + ".")
     routed_gain = None
     if "mean" in modes:
-        routing, credited = [], []
+        routing, credited, open_ = [], [], []
         for r in (2, 4):
             mean = s[f"srvit-R{r}-mean"]["top1"]
             for m in ("token", "query", "global"):
@@ -295,12 +318,20 @@ def reading(summary: dict[str, Any], picks: dict[str, dict], settings: dict, lr_
                     routing.append(f"R={r} {m} − mean {c.text()}")
                     if c.verdict == "better":
                         credited.append(f"{m} at R={r}")
+                    elif not c.called and c.paired.low is not None and c.paired.high > c.paired.low:
+                        open_.append((c.paired.high - c.paired.low, f"R={r} {m} − mean [{c.paired.low:+.2f}, "
+                                                                     f"{c.paired.high:+.2f}]"))
         routed_gain = credited
+        if credited:
+            verdict = f"A learned router beats plain averaging for {', '.join(credited)}."
+        else:
+            verdict = ("No router is shown to beat `mean` fusion"
+                       + (f"; the intervals are too wide to call them equal (the widest, {max(open_)[1]}): "
+                          "inconclusive, not a match" if open_ else "")
+                       + ". So what the fused arms gain over `last` cannot be credited to (token-wise) routing at "
+                       "this budget, nor shown to come from averaging alone.")
         lines.append("- **Routing vs averaging the steps** (`mean`: equal weights, no parameters; `global`: one "
-                     "learned weight per step, shared by all tokens): " + "; ".join(routing) + ". "
-                     + (f"A learned router beats plain averaging for {', '.join(credited)}."
-                        if credited else "No learned router beats plain averaging of the steps here, so what the "
-                        "fused arms gain over `last` cannot be credited to (token-wise) routing at this budget."))
+                     "learned weight per step, shared by all tokens): " + "; ".join(routing) + ". " + verdict)
     routers = []
     for name in ("srvit-R4-query", "srvit-R4-token", "srvit-R2-query", "srvit-R2-token"):
         e = s[name]

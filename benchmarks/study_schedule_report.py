@@ -2,6 +2,10 @@
 verdicts, the weights x arithmetic x quality frontier with its Pareto set, the computed dominance statement,
 per-image intervention summaries and the any-time decoding table -> ``docs/study_schedule.md``.
 
+The seed is the unit of every verdict (better / worse / inconclusive). Intervals paired by image compare single
+runs (or seed means): they cover images, not training runs, so the page shows them as descriptive numbers without
+a verdict word, next to the same comparison between two seeds of one configuration (:func:`same_configuration_pairs`).
+
 Every sentence of the reading is computed from ``results.json`` (written next to the page), so
 ``python benchmarks/study_schedule.py --report`` re-renders the page from finished runs.
 """
@@ -243,7 +247,8 @@ def dominance(rows: dict[str, Any], reference: str) -> dict[str, Any]:
             "weights_ratio": r["params"] / ref["params"], "weights_ok": r["params"] <= WEIGHT_CAP * ref["params"],
             "macs_ratio": r["gmacs"] / ref["gmacs"], "macs_ok": r["gmacs"] <= ref["gmacs"],
             "time_ratio": r["cpu_ms"]["median"] / ref["cpu_ms"]["median"],
-            "psnr_by_seed": by_seed["verdict"], "psnr_by_image": by_image["verdict"],
+            # by image: descriptive only (the images of one run per seed), so no verdict is stored for it
+            "psnr_by_seed": by_seed["verdict"], "psnr_by_image_mean": by_image["mean"],
             # "paired, not inconclusive": the seed-paired interval decides (it carries the training noise);
             # the image-paired one alone ignores that a second seed may land elsewhere.
             "psnr_ok": by_seed["verdict"] == "better",
@@ -313,11 +318,107 @@ def plot_anytime(result: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def _fmt_diff(d: dict[str, Any], unit: str = "dB", digits: int = 2) -> str:
+def _fmt_diff(d: dict[str, Any], unit: str = "dB", digits: int = 2, verdict: bool = True) -> str:
+    """A paired difference; ``verdict=False`` for a descriptive one (paired by image: no verdict word)."""
     if d["low"] is None:
-        return f"{d['mean']:+.{digits}f} {unit} (n = {d['n']}, no interval): {d['verdict']}"
-    return (f"{d['mean']:+.{digits}f} [{d['low']:+.{digits}f}, {d['high']:+.{digits}f}] (n = {d['n']}; "
-            f"{d['wins']}/{d['n']} higher): **{d['verdict']}**")
+        return f"{d['mean']:+.{digits}f} {unit} (n = {d['n']}, no interval)" + (f": {d['verdict']}" if verdict else "")
+    text = (f"{d['mean']:+.{digits}f} [{d['low']:+.{digits}f}, {d['high']:+.{digits}f}] (n = {d['n']}; "
+            f"{d['wins']}/{d['n']} higher)")
+    return text + (f": **{d['verdict']}**" if verdict else "")
+
+
+def _by_image(d: dict[str, Any]) -> str:
+    """A by-image difference, descriptive: its interval covers the images of single runs, not seeds."""
+    return _fmt_diff(d, verdict=False) + ", descriptive"
+
+
+def _span(values: list[float]) -> str:
+    lo, hi = min(values), max(values)
+    return f"{lo:+.2f}" if f"{lo:+.2f}" == f"{hi:+.2f}" else f"{lo:+.2f} to {hi:+.2f}"
+
+
+def same_configuration_pairs(rows: dict[str, Any]) -> list[dict[str, Any]]:
+    """Null rows: every pair of seeds of one arm, paired by image (what a by-image interval between two runs of
+    the *same* configuration looks like)."""
+    out = []
+    for name, r in rows.items():
+        seeds = r["quality"]["seeds"]
+        for i, a in enumerate(sorted(seeds, key=int)):
+            for b in sorted(seeds, key=int)[i + 1:]:
+                d = paired_difference(seeds[a]["per_image_psnr"], seeds[b]["per_image_psnr"]).as_dict()
+                out.append({"arm": name, "a": a, "b": b, "diff": d, "loopvae": r["encoder_passes"] is not None})
+    return out
+
+
+def null_rows_sentence(rows: dict[str, Any]) -> str | None:
+    """How often two seeds of one configuration, compared by image, give an interval that excludes 0."""
+    pairs = same_configuration_pairs(rows)
+    if not pairs:
+        return None
+    loop = [p for p in pairs if p["loopvae"]]
+    decided = lambda ps: sum(p["diff"]["verdict"] != "inconclusive" for p in ps)
+    widest = max(loop or pairs, key=lambda p: abs(p["diff"]["mean"]))
+    counts = (f"{decided(loop)} of {len(loop)} LoopVAE seed pairs"
+              + (f" ({decided(pairs)} of {len(pairs)} with the reference's)" if len(pairs) > len(loop) else "")
+              if loop else f"{decided(pairs)} of {len(pairs)} seed pairs")
+    return (f"- **By image, one run per model: descriptive.** Two seeds of the *same* configuration, paired by image "
+            f"the same way, give an interval that excludes 0 in {counts}; the largest, {widest['arm']} "
+            f"s{widest['a']} − s{widest['b']}, is {_fmt_diff(widest['diff'], verdict=False)}. A by-image interval "
+            "between two runs covers the images of those runs, not the training noise (the images are "
+            "pseudo-replicates of one run), so the by-image differences on this page are descriptive and carry "
+            "no verdict; verdicts are paired by seed.")
+
+
+def pareto_sentences(rows: dict[str, Any], pareto: list[str]) -> list[str]:
+    """Which mean-PSNR margins decide the Pareto membership, and whether a seed-paired comparison resolves them.
+
+    An arm Y at most as costly as X on both costs decides X's membership by PSNR alone: X is off the set when Y's
+    mean PSNR is at least X's, on it only while X's is higher. The margin is resolved when Y - X (or X - Y) is
+    *better* paired by seed; otherwise the membership rests on a difference within seed noise."""
+    def cheaper(y: dict[str, Any], x: dict[str, Any]) -> bool:
+        return y["params"] <= x["params"] and y["gmacs"] <= x["gmacs"]
+
+    def resolved(hi: str, lo: str) -> bool:
+        a, b = rows[hi]["quality"], rows[lo]["quality"]
+        if not set(a["seeds"]) & set(b["seeds"]):
+            return False
+        return compare(a, b)["by_seed_psnr"]["verdict"] == "better"
+
+    psnr = {n: r["quality"]["psnr"] for n, r in rows.items()}
+    noisy, settled, by_cost = [], [], []
+    for name, r in rows.items():
+        others = [y for y in rows if y != name and cheaper(rows[y], r)]
+        if name in pareto:
+            if not others:
+                by_cost.append(name)
+                continue
+            margins = [psnr[name] - psnr[y] for y in others]
+            text = f"{name} on it by {_span(margins)} dB (over {', '.join(others)})"
+            (settled if all(resolved(name, y) for y in others) else noisy).append(text)
+        else:
+            above = [y for y in others if psnr[y] >= psnr[name]]
+            if not above:  # not dominated on these three axes (a set computed elsewhere): nothing to qualify
+                continue
+            margins = [psnr[y] - psnr[name] for y in above]
+            by_seed = [y for y in above if resolved(y, name)]
+            if by_seed:
+                settled.append(f"{name} off it (behind {', '.join(by_seed)}, better paired by seed)")
+            else:
+                noisy.append(f"{name} off it by {_span(margins)} dB (behind {', '.join(above)})")
+    sds = [r["quality"]["psnr_sd"] for n, r in rows.items() if r["quality"]["psnr_sd"] is not None
+           and r["encoder_passes"] is not None]
+    lines = []
+    if by_cost:
+        lines.append(f"  - On it by cost alone (no arm is as cheap on both params and GMACs): {', '.join(by_cost)}.")
+    if settled:
+        lines.append("  - Resolved by seed: " + "; ".join(settled) + ".")
+    if noisy:
+        noise = (f"; the LoopVAE arms' seed s.d. is {min(sds):.2f}–{max(sds):.2f} dB where an arm has several seeds"
+                 if sds else "")
+        lines.append("  - Decided by mean PSNR alone: " + "; ".join(noisy) + ". No seed-paired comparison resolves "
+                     f"these margins (each is inconclusive{noise}): these Pareto membership differences are within "
+                     "seed noise, so the set is not a ranking of the schedules' quality.")
+    return lines
 
 
 def _passes(r: dict[str, Any]) -> str:
@@ -361,15 +462,19 @@ def reading(result: dict[str, Any]) -> list[str]:
                      f"MACs {d['macs_ratio']:.2f}× ({'ok' if d['macs_ok'] else 'over'}), "
                      f"CPU time {d['time_ratio']:.2f}×, "
                      f"PSNR vs reference by seed {_fmt_diff(r['vs_reference']['by_seed_psnr'])}, by image "
-                     f"{r['vs_reference']['by_image_psnr']['verdict']}.")
+                     f"{r['vs_reference']['by_image_psnr']['mean']:+.2f} dB (descriptive).")
     lines.append(f"- Pareto set on (params, GMACs, PSNR): {', '.join(result['pareto'])}.")
+    lines += pareto_sentences(rows, result["pareto"])
+    null = null_rows_sentence(rows)
+    if null is not None:
+        lines.append(null)
     paper = rows["paper"]
     for name, r in rows.items():
         if "vs_paper" not in r:
             continue
         v = r["vs_paper"]
         lines.append(f"- {name} vs paper: {r['gmacs'] / paper['gmacs']:.2f}× the MACs, PSNR by seed "
-                     f"{_fmt_diff(v['by_seed_psnr'])}; by image {_fmt_diff(v['by_image_psnr'])}.")
+                     f"{_fmt_diff(v['by_seed_psnr'])}; by image {_by_image(v['by_image_psnr'])}.")
     return lines
 
 
@@ -387,18 +492,58 @@ def anytime_lines(result: dict[str, Any]) -> list[str]:
         rising = all(a > b for a, b in zip(psnrs, psnrs[1:], strict=False))
         full, cut = rows[0], next(r for r in rows if r["decoder_passes"] == [1, 2, 1])
         d = paired_difference(cut["per_image_psnr"], full["per_image_psnr"]).as_dict()
-        lines.append(f"- {name}: quality {'rises' if rising else 'does not rise'} monotonically with retained passes "
-                     f"({' ← '.join(f'{p:.2f}' for p in psnrs)} dB, full schedule first); the early exit [1, 2, 1] "
-                     f"changes PSNR by {cut['psnr'] - full['psnr']:+.2f} dB (by image {_fmt_diff(d)}) for "
-                     f"{cut['decode_gmacs'] / full['decode_gmacs']:.2f}× the decode MACs and "
+        lines.append(f"- {name} (one trained model): quality {'rises' if rising else 'does not rise'} monotonically "
+                     f"with retained passes ({' ← '.join(f'{p:.2f}' for p in psnrs)} dB, full schedule first); the "
+                     f"early exit [1, 2, 1] changes PSNR by {cut['psnr'] - full['psnr']:+.2f} dB (by image "
+                     f"{_by_image(d)}) for {cut['decode_gmacs'] / full['decode_gmacs']:.2f}× the decode MACs and "
                      f"{cut['decode_ms']['median'] / full['decode_ms']['median']:.2f}× the decode time.")
+    lines += trained_at_exit_lines(result)
     ds = result["rows"].get("paper-ds")
     if ds is not None:
         v = ds["vs_paper"]["by_image_psnr"]
+        paper_pairs = [p["diff"]["mean"] for p in same_configuration_pairs({"paper": result["rows"]["paper"]})]
+        spread = (f"; two seeds of the plain paper schedule differ by image by up to "
+                  f"{max(abs(m) for m in paper_pairs):.2f} dB" if paper_pairs else "")
         lines.append(f"- What deep supervision costs at full depth (paper-ds vs paper, seed 0 vs the paper seeds' "
-                     f"mean, by image): {_fmt_diff(v)}; training time "
-                     f"{ds['train_seconds'] / result['rows']['paper']['train_seconds']:.2f}× "
+                     f"mean, by image): {_by_image(v)}, from {len(ds['seeds'])} deep-supervised seed{spread}; "
+                     f"training time {ds['train_seconds'] / result['rows']['paper']['train_seconds']:.2f}× "
                      "the plain run's.")
+    return lines
+
+
+def trained_at_exit_lines(result: dict[str, Any]) -> list[str]:
+    """Each early exit against the arm *trained* at that decoder schedule (the same decode arithmetic): does stopping
+    a deeper model early give what training at the cheap schedule gives? Each exit is one trained model, so the
+    comparison is of means against the trained arm's seeds, without a seed-paired interval."""
+    lines = []
+    for arm, r in result["rows"].items():
+        if r["decoder_passes"] is None:
+            continue
+        schedule = list(r["decoder_passes"])
+        exits = {}
+        for name, rows in result["anytime"].items():
+            row = next((x for x in rows[1:] if list(x["decoder_passes"]) == schedule), None)  # rows[0]: full depth
+            if row is not None:
+                exits[name] = row
+        if not exits:
+            continue
+        q = r["quality"]
+        seeds = [s["psnr"] for s in q["seeds"].values()]
+        below = [name for name, x in exits.items() if x["psnr"] < min(seeds)]
+        parts = ", ".join(f"{name} {x['psnr']:.2f} dB ({x['psnr'] - q['psnr']:+.2f})" for name, x in exits.items())
+        sd = "" if q["psnr_sd"] is None else f", s.d. {q['psnr_sd']:.2f}"
+        line = (f"- Trained at {schedule} instead of stopped there: {arm} ({len(seeds)} seed"
+                f"{'s' if len(seeds) > 1 else ''}{sd}) reaches {q['psnr']:.2f} dB with the same decoder schedule, so "
+                f"the same decode arithmetic; the early exits at {schedule} reach {parts}. ")
+        if len(below) == len(exits):
+            line += (f"Every early exit at {schedule} scores below every seed of the model trained at it (each exit "
+                     "is one trained model, so no seed-paired interval): at this cost a model trained at the cheap "
+                     "schedule scores higher than a deeper one stopped early, and any-time decoding buys a choice "
+                     "of depth at run time, not quality at a given depth.")
+        else:
+            line += (f"Below every seed of the model trained at {schedule}: {', '.join(below) or 'none'}; the others "
+                     "fall within its seeds' range (each exit is one trained model, so no seed-paired interval).")
+        lines.append(line)
     return lines
 
 
@@ -429,8 +574,10 @@ def render(result: dict[str, Any], command: str) -> str:
         "images), EMA weights, posterior mode, uint8 PSNR per image; SSIM Gaussian 11×11, σ 1.5.", "",
         "Statistics: *by seed* pairs each arm's seed with the same seed of the other arm (pooled PSNR over the "
         "held-out images), 95% t-interval with df = seeds − 1; *by image* pairs the held-out images, each arm "
-        "averaged over its seeds. Verdicts: better / worse / inconclusive (never \"equal\"). Encoder passes are "
-        "fine → coarse (2x, 4x, 8x), decoder passes coarse → fine (8x, 4x, 2x).", "",
+        "averaged over its seeds. Verdicts: better / worse / inconclusive (never \"equal\"), by seed only: the seed "
+        "is the unit of every verdict. A by-image interval covers the images of single runs (one run per model for "
+        "a one-seed arm), not the training noise, so it is descriptive and carries no verdict word. Encoder passes "
+        "are fine → coarse (2x, 4x, 8x), decoder passes coarse → fine (8x, 4x, 2x).", "",
         "## The arms", "",
         "| arm | passes enc / dec | seeds | params | GMACs | CPU ms/img | PSNR (sd) | PSNR kodak | PSNR ImageNet | "
         "SSIM | Δ vs reference by seed |",

@@ -16,7 +16,14 @@ from loopvae.train_config import load_train_config
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 from study_schedule import REFERENCE, schedule_arms  # noqa: E402
-from study_schedule_report import compare, dominance, intervention_summary, pareto_set, reading  # noqa: E402
+from study_schedule_report import (  # noqa: E402
+    compare,
+    dominance,
+    intervention_summary,
+    pareto_set,
+    reading,
+    trained_at_exit_lines,
+)
 
 N = 6  # images of the fake evaluations
 
@@ -80,6 +87,71 @@ def test_dominance_needs_all_three_criteria_and_a_seed_paired_win() -> None:
     dom["dec-1-2-1"].update(dominates=False, weights_ok=False)  # the same numbers without the weight cap met
     text = "\n".join(reading({"rows": rows, "reference": REFERENCE, "dominance": dom, "pareto": []}))
     assert "No arm dominates" in text and "misses by the weight cap alone" in text
+
+
+def _read(rows: dict) -> list[str]:
+    return reading({"rows": rows, "reference": REFERENCE, "dominance": dominance(rows, REFERENCE),
+                    "pareto": pareto_set(rows)})
+
+
+def test_by_image_differences_carry_no_verdict_and_stand_beside_null_rows() -> None:
+    # every image moves by the same offset: each by-image interval has zero width and would read "better"
+    rows = _rows({"paper": ({0: 1.0, 1: 1.1, 2: 0.9}, 340_000, 7.0), "dec-2-4-1": ({0: 1.2}, 340_000, 5.0)})
+    rows["dec-2-4-1"]["vs_paper"] = compare(rows["dec-2-4-1"]["quality"], rows["paper"]["quality"])
+    assert rows["dec-2-4-1"]["vs_paper"]["by_image_psnr"]["verdict"] == "better"
+    lines = _read(rows)
+    vs_paper = next(line for line in lines if line.startswith("- dec-2-4-1 vs paper"))
+    by_seed, by_image = vs_paper.split("; by image ")
+    assert "(n = 1, no interval): inconclusive" in by_seed  # one seed: the verdict, by seed, is inconclusive
+    assert by_image.startswith("+0.20 [+0.20, +0.20] (n = 6; 6/6 higher), descriptive")
+    assert not any(word in by_image for word in ("better", "worse", "inconclusive"))
+    for line in lines:
+        if line.startswith("  - dec-2-4-1: weights"):
+            assert line.endswith("by image +1.20 dB (descriptive).") and "by image better" not in line
+    # two seeds of one configuration, paired by image: the same zero-width intervals, counted as a null row
+    null = next(line for line in lines if line.startswith("- **By image, one run per model: descriptive.**"))
+    assert "excludes 0 in 3 of 3 LoopVAE seed pairs (6 of 6 with the reference's)" in null
+    assert "paper s1 − s2, is +0.20 [+0.20, +0.20] (n = 6; 6/6 higher)" in null
+    assert "verdicts are paired by seed" in null
+
+
+def test_pareto_membership_on_margins_within_seed_noise_is_flagged() -> None:
+    # dec-1-2-1 is cheaper on both costs and 0.03 dB higher on average, but its seeds cross paper's
+    rows = _rows({"paper": ({0: 1.0, 1: 1.1, 2: 0.9}, 340_000, 7.0),
+                  "dec-1-2-1": ({0: 1.05, 1: 0.95, 2: 1.1}, 330_000, 4.9)})
+    assert pareto_set(rows) == ["dec-1-2-1"]
+    text = "\n".join(_read(rows))
+    assert "paper off it by +0.03 dB (behind dec-1-2-1)" in text
+    assert "Pareto membership differences are within seed noise" in text
+    assert "On it by cost alone (no arm is as cheap on both params and GMACs): dec-1-2-1." in text
+    assert "flux-vae-tiny off it (behind dec-1-2-1, better paired by seed)" in text
+    # +0.5 dB on every seed: the same membership, now resolved by seed
+    rows = _rows({"paper": ({0: 1.0, 1: 1.1, 2: 0.9}, 340_000, 7.0),
+                  "dec-1-2-1": ({0: 1.5, 1: 1.6, 2: 1.4}, 330_000, 4.9)})
+    text = "\n".join(_read(rows))
+    resolved = next(line for line in text.splitlines() if line.startswith("  - Resolved by seed:"))
+    assert "paper off it (behind dec-1-2-1, better paired by seed)" in resolved
+    assert "within seed noise" not in text
+
+
+def test_an_early_exit_is_set_against_the_arm_trained_at_its_schedule() -> None:
+    rows = _rows({"dec-1-2-1": ({0: 0.8, 1: 0.9, 2: 0.85}, 330_000, 4.9)})  # seeds 26.05, 26.15, 26.10 dB
+    rows["dec-1-2-1"]["decoder_passes"] = (1, 2, 1)
+    rows["dec-1-2-1"]["quality"]["psnr_sd"] = 0.05
+
+    def anytime(exit_psnr: float) -> dict:
+        return {"paper-ds-s0": [{"decoder_passes": [1, 2, 4], "psnr": 26.5},
+                                {"decoder_passes": [1, 2, 1], "psnr": exit_psnr}]}
+
+    (line,) = trained_at_exit_lines({"rows": rows, "anytime": anytime(25.5)})
+    assert "dec-1-2-1 (3 seeds, s.d. 0.05) reaches 26.10 dB with the same decoder schedule" in line
+    assert "paper-ds-s0 25.50 dB (-0.60)" in line
+    assert "scores below every seed of the model trained at it" in line and "no seed-paired interval" in line
+    (line,) = trained_at_exit_lines({"rows": rows, "anytime": anytime(26.1)})
+    assert "Below every seed of the model trained at [1, 2, 1]: none" in line and "scores higher" not in line
+    # the full-depth row of an any-time model is no early exit
+    rows["dec-1-2-1"]["decoder_passes"] = (1, 2, 4)
+    assert trained_at_exit_lines({"rows": rows, "anytime": anytime(25.5)}) == []
 
 
 def test_pareto_front_keeps_only_non_dominated_points() -> None:

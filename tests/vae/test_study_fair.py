@@ -1,0 +1,158 @@
+"""The fair-comparison study's planning and page (benchmarks/study_fair.py, study_fair_report.py) on synthetic
+result files: equal CPU budgets from the cost probe, the search's pick, the two main budgets, the pre-registered
+Holm family, the null rows, the diagnosis of a diverging seed and the listing of missing runs."""
+
+import json
+import random
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import study_fair as sf  # noqa: E402
+import study_fair_report as report  # noqa: E402
+
+IPS = {"shape-w32": 26.0, "shape-w24": 29.0, "shape-d2": 31.0, "shape-w32-attn": 25.0, "loopvae": 16.0,
+       "loopvae-sc": 14.0, "dcae": 50.0}
+
+
+@pytest.fixture
+def study(tmp_path, monkeypatch) -> Path:
+    docs = tmp_path / "study_fair"
+    (docs / "runs").mkdir(parents=True)
+    (docs / "probe.json").write_text(json.dumps({"images_per_second": IPS}))
+    monkeypatch.setattr(sf, "DOCS", docs)
+    monkeypatch.setattr(sf, "RESULTS", docs / "runs")
+    monkeypatch.setattr(sf, "STEP_SCALE", 1.0)
+    return docs
+
+
+def curve(final: float, seconds: float, steps: int = 300) -> list[dict]:
+    return [{"step": steps * k // 3, "images_seen": 8 * steps * k // 3, "train_seconds": seconds * k / 3,
+             "psnr": final - (3 - k) * 0.5} for k in (1, 2, 3)]
+
+
+def write(name: str, **record) -> None:
+    sf.write_result(name, {"name": name, "status": "finished", **record})
+
+
+def test_every_family_searches_nine_arms_at_the_same_cpu_budget(study: Path) -> None:
+    for key, family in sf.FAMILIES.items():
+        arms = sf.search_arms(family)
+        assert len(arms) == 9, key
+        assert arms[-1].name == ("mod1" if family.recurrent else "noise0")
+        assert {"lr4e-3", "lr4e-3+mse"} <= {a.name for a in arms}  # above the old search's 2e-3 edge
+    costs = json.loads((study / "probe.json").read_text())
+    # 500 steps of loopvae-sc; the others get the same CPU-seconds at their own speed
+    assert sf.base_steps("loopvae-sc", costs) == 500
+    assert sf.base_steps("dcae", costs) == round(500 * 50 / 14)
+    planned = sf.plan_search(costs, ["dcae", "loopvae-sc"])
+    names = [p.arm.name for p in planned]
+    assert "search-dcae-b4-c96-s0" in names and len([n for n in names if "dcae" in n]) == 9
+    # loopvae-sc reruns only the arms its earlier search did not have
+    assert sorted(n for n in names if "loopvae-sc" in n) == ["search-loopvae-sc-lr4e-3+mse-s0",
+                                                             "search-loopvae-sc-lr4e-3-s0"]
+    b4 = next(p for p in planned if p.arm.name == "search-dcae-b4-c96-s0")
+    assert b4.record["steps"] == round(sf.base_steps("dcae", costs) * 8 * 64 * 64 / (4 * 96 * 96))
+    # the AutoencoderKL search waits for the shape sweep
+    assert sf.plan_search(costs, ["klvae"]) == []
+
+
+def test_shape_winner_and_pick_at_matched_cpu_time(study: Path) -> None:
+    for label, final in (("w32", 20.8), ("w24", 20.9), ("d2", 20.85), ("w32-attn", 22.3)):
+        write(f"shape-{label}-s0", phase="shapes", curve=curve(final, 300.0), steps=900)
+    assert sf.shape_winner()[0] == "w32-attn"
+    assert sf.family_model(sf.FAMILIES["klvae"]) == ("klvae-tiny-w32", "{mid_block_add_attention: true}")
+    assert sf.pick_recipe("dcae") is None  # arms missing: no pick yet
+    for i, arm in enumerate(sf.search_arms(sf.FAMILIES["dcae"])):
+        final = 24.0 + 0.01 * i if arm.name != "lr4e-3" else 30.0
+        status = "failed" if arm.name == "lr2e-3" else "finished"
+        write(f"search-dcae-{arm.name}-s0", phase="search", status=status, curve=curve(final, 300.0 + i))
+    pick = sf.pick_recipe("dcae")
+    assert pick["arm"] == "lr4e-3" and pick["matched_seconds"] == pytest.approx(300.0)
+    assert pick["runner_up"] == "noise0"  # the failed arm is never picked
+
+
+def finish_searches() -> None:
+    for key, family in sf.FAMILIES.items():
+        for i, arm in enumerate(sf.search_arms(family)):
+            if key == "loopvae-sc" and arm.name in sf.REUSED:
+                continue  # from the earlier search's committed results
+            write(f"search-{key}-{arm.name}-s0", phase="search", steps=500,
+                  curve=curve(24.0 + (1.0 if arm.name == "lr2e-3+mse" else 0.01 * i), 300.0))
+    for label in ("w32", "w24", "d2", "w32-attn"):
+        write(f"shape-{label}-s0", phase="shapes", curve=curve(22.0 if label == "w24" else 21.0, 300.0), steps=900,
+              train_seconds=300.0)
+
+
+def test_main_runs_cover_both_budgets(study: Path) -> None:
+    finish_searches()
+    costs = json.loads((study / "probe.json").read_text())
+    runs = {p.arm.name: p for p in sf.main_runs(costs)}
+    assert "main-loopvae-sc-img-s0" in runs and "main-loopvae-sc-cpu-s0" not in runs
+    assert runs["main-loopvae-sc-img-s0"].record["budget"] == ["images", "cpu"]
+    assert runs["main-loopvae-img-s2"].record["steps"] == sf.MAIN_STEPS
+    budget_seconds = sf.MAIN_STEPS * 8 / IPS["loopvae-sc"]
+    assert runs["main-dcae-cpu-s1"].record["steps"] == round(budget_seconds * IPS["dcae"] / 8)
+    assert runs["main-klvae-cpu-s0"].record["model"] == "klvae-tiny-w24"  # the sweep's pick
+    assert runs["main-klvae-cpu-s0"].record["steps"] == round(budget_seconds * IPS["shape-w24"] / 8)
+    assert all(p.record["recipe_arm"] == "lr2e-3+mse" for p in runs.values() if p.record["family"] != "loopvae-sc")
+    assert runs["main-loopvae-sc-img-s0"].record["recipe_arm"] == "lr2e-3+mse"  # the earlier search's best (26.07)
+    assert len(runs) == 3 * 7  # 4 families at equal images + 3 faster ones at equal CPU-seconds, 3 seeds each
+
+
+def main_record(name: str, family: str, budget: list[str], seed: int, level: float, rng: random.Random,
+                diverge: bool = False) -> dict:
+    rows = []
+    level += rng.gauss(0, 0.2)  # seed-to-seed variation: what the seed-level verdicts must see through
+    for i in range(40):
+        psnr = level + 0.3 * (i % 7) + rng.gauss(0, 0.05) - (2.5 if diverge and i != 3 else 0.0)
+        rows.append({"key": f"img{i:02d}", "shard": "imagenet-holdout-000000.tar", "psnr": psnr, "ssim": 0.7,
+                     "bicubic_psnr": 25.0, "bicubic_ssim": 0.73, "colour_error": 0.04 if diverge else 0.01,
+                     "low_freq_rmse": 0.05 if diverge else 0.02, "high_freq_rmse": 0.03, "out_of_range": 0.0,
+                     "saturated_ref": 0.1})
+    kodak = [dict(r, key=f"kodim{21 + i}", shard="kodak-val-000000.tar") for i, r in enumerate(rows[:4])]
+    order = {"seed": seed, "data": "train", "resolution": 64, "batch_size": 8, "grad_accum_steps": 1,
+             "world_size": 1, "scale_jitter": [3.0, 4.0], "hflip": 0.5}
+    arch = {"class": "LoopVAE" if family.startswith("loopvae") else "AutoencoderKL", "params": 350535,
+            "gmacs": 7.2, "values_per_pixel": 0.25, "order": order, "step": 1500}
+    return {"name": name, "phase": "main", "status": "finished", "family": family, "budget": budget, "seed": seed,
+            "model": family, "model_overrides": "{}", "steps": 1500, "train_seconds": 800.0,
+            "curve": curve(level + 1, 800.0), "evaluation": {"arch": arch, "imagenet": rows, "kodak": kodak,
+                                                             "imagenet_low_resolution": [74, 74]}}
+
+
+def test_page_reads_the_pre_registered_family_with_holm(study: Path) -> None:
+    finish_searches()
+    rng = random.Random(0)
+    levels = {"loopvae": 27.0, "loopvae-sc": 28.0, "klvae": 24.0, "dcae": 27.95}
+    for family, level in levels.items():
+        for budget in (["images", "cpu"],) if family == "loopvae-sc" else (["images"], ["cpu"]):
+            tag = "img" if "images" in budget else "cpu"
+            for seed in (0, 1, 2):
+                name = f"main-{family}-{tag}-s{seed}"
+                diverge = family == "klvae" and tag == "img" and seed == 1
+                sf.write_result(name, main_record(name, family, budget, seed, level + 0.02 * seed, rng, diverge))
+    page = report.render()
+    assert "## Pre-registration" in page and "Not yet run" not in page
+    computed = json.loads((study / "results.json").read_text())["computed"]
+    primary = {(c["a"], c["b"]): c for c in computed["primary"]["comparisons"] if c["metric"] == "psnr"}
+    assert set(primary) == {(a, b) for _, _, a, b in report.PRIMARY}
+    assert all(c["family_size"] == 4 and c["test"] == "paired t" for c in primary.values())
+    assert primary[("loopvae@cpu", "klvae@cpu")]["verdict"] == "better"  # +3 dB over three seeds
+    assert primary[("loopvae-sc@img", "dcae@img")]["verdict"] == "inconclusive"  # +0.05 dB within noise
+    assert "(exploratory)" in page and "P1" in page and "S2" in page
+    assert "Diverging seed: `main-klvae-img-s1`" in page and "colour shift 0.0400 vs 0.0100" in page
+    assert re.search(r"lower on (39|40) of 40 images", page)
+    assert "Null rows" in page
+
+
+def test_page_lists_missing_runs_instead_of_filling_them_in(study: Path) -> None:
+    finish_searches()
+    name = "main-loopvae-img-s0"
+    sf.write_result(name, main_record(name, "loopvae", ["images"], 0, 27.0, random.Random(1)))
+    page = report.render()
+    assert "Not yet run" in page and "`main-dcae-cpu-s2`" in page
+    assert "| P1 | recurrence without shortcuts, equal images | loopvae@img − klvae@img | *not run yet*" in page
