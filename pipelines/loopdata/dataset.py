@@ -123,6 +123,7 @@ class ShardDataset(IterableDataset):
         self.resampled = resampled
         self.shuffle_buffer = shuffle_buffer
         self.skip_corrupt = skip_corrupt
+        self._skipped: list[dict[str, Any]] = []  # evaluation: skipped samples not yet handed out with a batch
         self.corrupt_counter = corrupt_counter
         self.first_pass_counter = first_pass_counter
         self.max_pixels = max_pixels
@@ -178,6 +179,8 @@ class ShardDataset(IterableDataset):
         logger.warning(
             "loopdata: skipped corrupt sample %r in %s: %s (%d skipped so far)", key, url, reason, total
         )
+        if not self.train:  # named in the evaluation's batches (see _eval_batches)
+            self._skipped.append({"key": key, "shard": url, "reason": reason, "after": None})
 
     def _parse(self, url: str, sample: dict[str, Any]) -> tuple[bytes, int | None]:
         check_key(sample["__key__"], url)  # fatal in training too: a hostile shard is not data to skip
@@ -289,17 +292,46 @@ class ShardDataset(IterableDataset):
             self.num_samples, self.world_size * num_workers, self.rank * num_workers + worker
         )
         items: list[_Item] = []
+        # skipped samples travel with the batch they were met in (``"skipped"``: key, shard, reason and
+        # ``after``, the number of the batch's images read before it), so an evaluation can name them and
+        # count only those before its --limit; a worker whose last samples were all skipped yields an empty
+        # batch that carries them
+        self._skipped = []
         for url, sample in self._eval_range(start, stop):
+            self._place_skipped(len(items))  # a damaged shard's remainder, reported inside _eval_range
             try:
                 items.append(self._load(url, sample, None))
             except _Corrupt as exc:
                 self._report(url, sample["__key__"], str(exc), fatal=not self.skip_corrupt)
+                self._place_skipped(len(items))
                 continue
             if len(items) == self.batch_size:
-                yield self._collate(items, None)
+                yield self._with_skipped(self._collate(items, None))
                 items = []
+        self._place_skipped(len(items))
         if items:
-            yield self._collate(items, None)
+            yield self._with_skipped(self._collate(items, None))
+        elif self._skipped:
+            yield self._with_skipped(self._empty_batch())
+
+    def _place_skipped(self, after: int) -> None:
+        for entry in self._skipped:
+            if entry["after"] is None:
+                entry["after"] = after
+
+    def _with_skipped(self, batch: dict[str, Any]) -> dict[str, Any]:
+        if self._skipped:
+            batch["skipped"], self._skipped = self._skipped, []
+        return batch
+
+    def _empty_batch(self) -> dict[str, Any]:
+        """A batch of no images (the shapes of a real one), to carry skipped samples."""
+        shape = self.transforms.sample(torch.zeros(3, 8, 8, dtype=torch.uint8)).shape
+        batch: dict[str, Any] = {"image": self.transforms.normalize(torch.zeros(1, *shape, dtype=torch.uint8))[:0],
+                                 "key": [], "shard": []}
+        if self.transforms.needs_label:
+            batch["label"] = torch.zeros(0, dtype=torch.int64)
+        return batch
 
     # ---------------------------------------------------------------- training
     def _pass_samples(

@@ -77,6 +77,58 @@ def test_a_corrupt_eval_sample_is_one_named_line_or_skipped_with_skip_corrupt(ti
     assert proc.returncode == 0, proc.stderr[-2000:]
     metrics = json.loads((tmp_path / "lenient" / "metrics.json").read_text())
     assert metrics["num_images"] == 5 and metrics["skipped_corrupt"] == 1
+    assert [(e["key"], Path(e["shard"]).name) for e in metrics["skipped"]] == [("broken", "mixed-000000.tar")]
+    assert "`broken`" in (tmp_path / "lenient" / "report.md").read_text()
+
+
+def test_skipped_images_are_named_and_counted_only_before_the_limit(tiny_run, tmp_path: Path) -> None:
+    """Corrupt samples at positions 2, 6 and 8 of 10 (sorted order), --limit 5: the 5 evaluated images are the
+    first 6 minus the skipped one, so only that one is counted and named; the report counts what it says."""
+    good = {i: jpeg(40, 40, seed=i) for i in range(10)}
+    samples = [(f"img{i:02d}", {"jpg": good[i][:200] if i in (2, 6, 8) else good[i]}) for i in range(10)]
+    shard = write_shard(tmp_path / "m" / "m-000000.tar", samples)
+    # one worker reads in order; two workers read halves 0-4 and 5-9 and the loader alternates their batches of
+    # 2 (00 01 | 05 07 | 03 04 ...): the limit keeps 00 01 05 07 03, met after skipping 06 and 02, not 08
+    expected = {"0": (["img00", "img01", "img03", "img04", "img05"], ["img02"]),
+                "2": (["img00", "img01", "img03", "img05", "img07"], ["img02", "img06"])}
+    for workers, (evaluated, named) in expected.items():
+        out = tmp_path / f"e{workers}"
+        proc = _eval_cli(tiny_run[0], shard, out, "--num-workers", workers, "--skip-corrupt", "--limit", "5",
+                         "--batch-size", "2")
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        metrics = json.loads((out / "metrics.json").read_text())
+        rows = json.loads((out / "per_image.json").read_text())
+        assert metrics["num_images"] == 5 and sorted(r["key"] for r in rows) == evaluated, workers
+        assert metrics["skipped_corrupt"] == len(named) and [e["key"] for e in metrics["skipped"]] == named, workers
+        assert f"5 images evaluated, {len(named)} skipped" in (out / "report.md").read_text()
+    out = tmp_path / "all"
+    assert _eval_cli(tiny_run[0], shard, out, "--num-workers", "2", "--skip-corrupt").returncode == 0
+    assert [e["key"] for e in json.loads((out / "metrics.json").read_text())["skipped"]] == ["img02", "img06", "img08"]
+
+
+def test_a_constant_image_keeps_every_metric_finite_and_the_json_strict(tiny_run, tmp_path: Path) -> None:
+    """A solid-colour image (and a 1x1 one): the bicubic baseline reproduces it exactly, which is infinite PSNR
+    without the cap; metrics.json must parse with a strict JSON parser."""
+    from PIL import Image
+
+    def png(size: tuple[int, int]) -> bytes:
+        buf = io.BytesIO()
+        Image.new("RGB", size, (90, 140, 200)).save(buf, format="PNG")
+        return buf.getvalue()
+
+    shard = write_shard(tmp_path / "c" / "c-000000.tar", [("solid", {"png": png((48, 40))}),
+                                                           ("pixel", {"png": png((1, 1))})])
+    out = tmp_path / "e"
+    proc = _eval_cli(tiny_run[0], shard, out, "--num-workers", "0")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+    def strict(value: str):
+        raise ValueError(f"non-standard JSON constant {value}")
+
+    for name in ("metrics.json", "per_image.json"):
+        json.loads((out / name).read_text(), parse_constant=strict)
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["baseline"]["psnr"] == 120.0  # the cap, stated in the protocol
 
 
 def _torchrun(*args: str) -> list[str]:

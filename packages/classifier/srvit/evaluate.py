@@ -85,6 +85,8 @@ def evaluate_model(
     model.eval()
     total = Counts()
     for batch in loader:
+        if not batch["key"]:  # an empty batch that only names skipped samples (--skip-corrupt)
+            continue
         if "label" not in batch:
             raise ValueError("the evaluation shards have no .cls labels; classification eval needs labelled data")
         images, labels = batch["image"].to(device), batch["label"].to(device)

@@ -201,7 +201,7 @@ def check_pairs(names: list[str], options: CompareOptions) -> None:
 def write_outputs(result: dict[str, Any], out: Path) -> None:
     """``compare.json``, ``compare.md`` and (with matplotlib) ``compare.png`` in ``out``."""
     out.mkdir(parents=True, exist_ok=True)
-    write_atomic(out / "compare.json", json.dumps(result, indent=1))
+    write_atomic(out / "compare.json", json.dumps(result, indent=1, allow_nan=False))
     write_atomic(out / "compare.md", render_markdown(result))
     plot_or_warn(plot_psnr_vs_gmacs, result, out / "compare.png", log=log)
 

@@ -75,7 +75,7 @@ def run_demo(
         reason = f"LPIPS backbone weights not found at {default_backbone_path('alex')} (no download attempted)"
         for name, folder in (("bundled", "eval"), ("short_run", "eval-short-run")):
             metrics[name]["lpips_unavailable_reason"] = reason
-            (out / folder / "metrics.json").write_text(json.dumps(metrics[name], indent=2))
+            (out / folder / "metrics.json").write_text(json.dumps(metrics[name], indent=2, allow_nan=False))
     timings["eval"] = time.perf_counter() - start
 
     log("[3/4] loop interventions on the bundled model (prefix truncation, bypass, relative updates)")
@@ -90,7 +90,7 @@ def run_demo(
                                      memory_format="channels_last")]
     rows += [row for name in PAPER_MODELS for row in profile_model(name, resolution=256, macs_only=True)]
     (out / "profile").mkdir(exist_ok=True)
-    (out / "profile" / "profile.json").write_text(json.dumps(rows, indent=2))
+    (out / "profile" / "profile.json").write_text(json.dumps(rows, indent=2, allow_nan=False))
     (out / "profile" / "profile.md").write_text(render_profile(rows, reference="flux-vae-tiny"))
     plot_profile(rows, out / "profile" / "profile.png")
     timings["profile"] = time.perf_counter() - start

@@ -164,7 +164,7 @@ def encode_shard(url: str, target: Path, model: torch.nn.Module, options: Encode
     record = {"input": url, "output": target.name, "count": count, "skipped": skipped, "latent_shape": shape,
               **(identity or {})}
     # The record goes down before the shard's rename: a shard that exists always has its record.
-    write_atomic(_record_path(target), json.dumps(record))
+    write_atomic(_record_path(target), json.dumps(record, allow_nan=False))
     os.replace(part, target)
     shutil.rmtree(tmp, ignore_errors=True)
     return record
@@ -230,7 +230,7 @@ def encode_dataset(checkpoint: str | Path, data: str, out_dir: str | Path, optio
     meta: dict[str, Any] = {}
     if ctx.is_main:
         meta = _metadata(loaded, model, data, urls, all_records, options, time.perf_counter() - started)
-        write_atomic(out / METADATA_NAME, json.dumps(meta, indent=2))
+        write_atomic(out / METADATA_NAME, json.dumps(meta, indent=2, allow_nan=False))
     barrier(ctx)
     return meta if ctx.is_main else json.loads((out / METADATA_NAME).read_text())
 

@@ -171,12 +171,13 @@ def _evaluate(checkpoint: str | Path, data: str, out: Path, options: EvalOptions
     )
     quota = _rank_limit(options.limit, ctx)
     rows: list[dict[str, Any]] = []
+    skipped: list[dict[str, str]] = []  # undecodable images met before the limit (--skip-corrupt)
     grid_ref, grid_rec = [], []
     baseline_size = None
     error: BaseException | None = None
     try:
         baseline_size = _evaluate_batches(loader, model, lpips_model, fid, vpp, quota, options, out, ctx, rows,
-                                          grid_ref, grid_rec)
+                                          grid_ref, grid_rec, skipped)
     except Exception as err:  # noqa: BLE001 - re-raised below, after telling the other ranks
         error = err
     raise_if_any_rank_failed(error, "evaluation", ctx)
@@ -194,21 +195,26 @@ def _evaluate(checkpoint: str | Path, data: str, out: Path, options: EvalOptions
                            "the evaluation split is broken")
     if not all_rows:
         raise ValueError(f"no images were evaluated from {data}")
-    skipped = sum_across_ranks(loader.corrupt_count, ctx)
+    all_skipped = sorted((e for part in gather_objects(skipped, ctx) for e in part),
+                         key=lambda e: (e["shard"], e["key"]))
     metrics = _summarise(all_rows, rfid, fid_reason, loaded, lpips_model, fid_path, options, data, baseline_size,
                          lpips_reason)
-    metrics["skipped_corrupt"] = skipped
+    # counted like the evaluated images: those met before --limit, named with the reason
+    metrics["skipped_corrupt"] = len(all_skipped)
+    metrics["skipped"] = all_skipped
     if ctx.is_main:
-        write_atomic(out / "per_image.json", json.dumps(all_rows, indent=2))
+        write_atomic(out / "per_image.json", json.dumps(all_rows, indent=2, allow_nan=False))
         if grid_ref:
             grid = torchvision.utils.make_grid(torch.stack(grid_ref + grid_rec), nrow=len(grid_ref))
             _save_png(grid, out / "grid.png")
         write_atomic(out / "report.md", render_report(metrics, has_grid=bool(grid_ref)))
-        write_atomic(out / "metrics.json", json.dumps(metrics, indent=2))  # last: its presence means done
+        # last: its presence means done
+        write_atomic(out / "metrics.json", json.dumps(metrics, indent=2, allow_nan=False))
     return metrics
 
 
-def _evaluate_batches(loader, model, lpips_model, fid, vpp, quota, options, out, ctx, rows, grid_ref, grid_rec):
+def _evaluate_batches(loader, model, lpips_model, fid, vpp, quota, options, out, ctx, rows, grid_ref, grid_rec,
+                      skipped):
     """The per-batch loop of :func:`evaluate` (no collectives: ranks may run different batch counts)."""
     baseline_size = None
     total = len(loader) if quota is None else min(len(loader), -(-quota // options.batch_size))
@@ -220,11 +226,17 @@ def _evaluate_batches(loader, model, lpips_model, fid, vpp, quota, options, out,
         if peer is not None:
             raise RemoteRankError(f"stopping: another rank failed ({peer})")
         images, keys, shards = batch["image"], list(batch["key"]), list(batch["shard"])
-        if quota is not None:
-            room = quota - len(rows)
-            if room <= 0:
-                break
+        room = None if quota is None else quota - len(rows)
+        if room is not None and room <= 0:
+            break
+        # a skipped sample counts when it came before the last image evaluated (or the limit is not reached)
+        taken = len(keys) if room is None else min(room, len(keys))
+        skipped.extend({k: e[k] for k in ("key", "shard", "reason")} for e in batch.get("skipped", [])
+                       if e["after"] < taken or (e["after"] == taken and (room is None or room > taken)))
+        if room is not None:
             images, keys, shards = images[:room], keys[:room], shards[:room]
+        if not keys:
+            continue
         images = images.to(ctx.device)
         recon = reconstruct(model, images, options.memory_format)
         ref_u8, rec_u8 = to_uint8(images), to_uint8(recon)
@@ -309,7 +321,9 @@ def render_report(metrics: dict[str, Any], has_grid: bool = True) -> str:
     lines = [
         "# Tokenizer evaluation", "",
         f"Model: `{metrics['model']['source']}` ({metrics['model']['class']}, {metrics['model']['kind']})  ",
-        f"Data: `{metrics['data']['urls']}` at {metrics['data']['resolution']}², {metrics['num_images']} images  ",
+        f"Data: `{metrics['data']['urls']}` at {metrics['data']['resolution']}², {metrics['num_images']} images "
+        f"evaluated" + (f", {metrics['skipped_corrupt']} skipped as undecodable (listed below)"
+                        if metrics.get("skipped_corrupt") else "") + "  ",
         f"LPIPS net: {metrics['lpips_net']}", "",
         "| method | rFID | PSNR (dB) | SSIM | LPIPS |", "|---|---:|---:|---:|---:|",
         f"| tokenizer | {rfid} | {metrics['psnr']:.2f} | {metrics['ssim']:.4f} | {lpips} |",
@@ -322,6 +336,9 @@ def render_report(metrics: dict[str, Any], has_grid: bool = True) -> str:
     lines += ["Protocol: posterior mode, reconstructions clamped and quantised to uint8; PSNR = mean of per-image "
               "PSNR; SSIM Gaussian 11×11, σ=1.5; the bicubic baseline keeps at least as many values per pixel as "
               "the latent.", ""]
+    if metrics.get("skipped"):
+        lines += ["Skipped (undecodable, `--skip-corrupt`):", ""]
+        lines += [f"- `{e['key']}` in `{e['shard']}`: {e['reason']}" for e in metrics["skipped"]] + [""]
     if has_grid:
         lines += ["![references (top) and reconstructions (bottom)](grid.png)", ""]
     return "\n".join(lines)

@@ -161,7 +161,7 @@ def write_latent_statistics(folder: str | Path, stats: LatentStatistics, per_cha
         config["shift_factor"] = stats.shift_factor
     if config.get("_class_name") == "LoopVAE":
         config["latent_statistics"] = stats.config_record()  # AutoencoderKL has no such key: it stays beside
-    write_atomic(Path(folder) / STATS_FILE, json.dumps(asdict(stats), indent=2))
+    write_atomic(Path(folder) / STATS_FILE, json.dumps(asdict(stats), indent=2, allow_nan=False))
     write_atomic(config_file, json.dumps(config, indent=2, sort_keys=True) + "\n")
     return config_file
 

@@ -2,7 +2,8 @@
 
 * Reconstructions are clamped to [-1, 1] and quantised to uint8 exactly like the references (the
   centre-cropped images the model saw), then compared.
-* PSNR: mean over images of per-image PSNR on uint8 (data range 255).
+* PSNR: mean over images of per-image PSNR on uint8 (data range 255), each capped at 120 dB in every command
+  (identical images would give infinity; metrics files are strict JSON).
 * SSIM: Gaussian window 11x11, sigma 1.5, data range 255, mean over valid window positions per
   image, then mean over images (torchmetrics' SSIM map; equals piq / scikit-image).
 * LPIPS: the named net (``vgg`` or ``alex``) on the quantised images mapped back to [-1, 1].
@@ -32,11 +33,17 @@ def to_uint8(images: torch.Tensor) -> torch.Tensor:
     return ((images.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
 
 
+PSNR_CAP_DB = 120.0
+
+
 def psnr_per_image(pred: torch.Tensor, target: torch.Tensor, data_range: float = 255.0) -> torch.Tensor:
-    """``(B,)`` PSNR in dB between ``(B, C, H, W)`` images (uint8 or float on the ``data_range`` scale)."""
-    return peak_signal_noise_ratio(
+    """``(B,)`` PSNR in dB between ``(B, C, H, W)`` images (uint8 or float on the ``data_range`` scale), at most
+    :data:`PSNR_CAP_DB`: identical images (an exact reconstruction, or a constant image and its bicubic baseline)
+    give the cap, not infinity, in every command, so means stay finite and the JSON strict."""
+    psnr = peak_signal_noise_ratio(
         pred.double(), target.double(), data_range=data_range, reduction="none", dim=(1, 2, 3)
     )
+    return psnr.clamp(max=PSNR_CAP_DB)  # +inf -> the cap; a NaN (NaN inputs) stays NaN and is refused by JSON
 
 
 def ssim_per_image(
@@ -61,12 +68,9 @@ def ssim_per_image(
     return ssim_map[..., pad:-pad, pad:-pad].mean(dim=(1, 2, 3))
 
 
-PSNR_CAP_DB = 120.0
-
-
 def capped_psnr(pred: torch.Tensor, target: torch.Tensor, data_range: float = 1.0) -> torch.Tensor:
-    """``(B,)`` PSNR in dB, at most :data:`PSNR_CAP_DB` (identical images give the cap, not infinity)."""
-    return psnr_per_image(pred, target, data_range).nan_to_num(posinf=PSNR_CAP_DB).clamp(max=PSNR_CAP_DB)
+    """``(B,)`` PSNR in dB on the [0, 1] scale, at most :data:`PSNR_CAP_DB` (as :func:`psnr_per_image`)."""
+    return psnr_per_image(pred, target, data_range)
 
 
 def range_statistics(recon: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -330,7 +330,7 @@ def profile(models: list[str], out_dir: str | Path, quality: str | Path | None =
         for row in profile_model(entry["model"], overrides=entry["overrides"], label=entry["label"], **kwargs):
             row.update(psnr=entry["psnr"], psnr_sd=entry["psnr_sd"], ssim=entry["ssim"])
             rows.append(row)
-    (out / "profile.json").write_text(json.dumps(rows, indent=2))
+    (out / "profile.json").write_text(json.dumps(rows, indent=2, allow_nan=False))
     text = render_markdown(rows)
     if measured:
         text += "\n" + render_quality(rows)

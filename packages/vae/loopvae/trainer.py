@@ -415,7 +415,7 @@ class Trainer(TrainingLoop):
         log.info("step %d: validation PSNR %.3f dB on %d images (EMA weights)", self.step, entry["psnr"],
                  entry["num_images"])
         if self.ctx.is_main:
-            write_atomic(self.run_dir / "validation.json", json.dumps(self.validation, indent=2))
+            write_atomic(self.run_dir / "validation.json", json.dumps(self.validation, indent=2, allow_nan=False))
         return entry
 
     def before_final_checkpoint(self, logger: RunLogger) -> None:
