@@ -153,3 +153,28 @@ def test_torchrun_two_ranks_encode_every_image_exactly_once(tmp_path: Path) -> N
     written = [s["__key__"] for name in meta["shards"] for s in iter_samples(str(tmp_path / "lat" / name))]
     source = [s["__key__"] for url in data.split(",") for s in iter_samples(url)]
     assert sorted(written) == sorted(source) and len(set(written)) == 24
+
+
+def test_keys_that_collide_after_sanitising_are_refused_naming_both(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture) -> None:
+    """A tar with ``a/b.png``, ``a_a.png``, ``a_b.png``: ``a/b`` and ``a_b`` both become ``a_b`` in the latent
+    shard (not adjacent in the tar). The run must stop naming both, and leave no partial output behind."""
+    import io
+    import tarfile
+
+    sample = next(iter_samples(data_urls("val")))
+    ext = next(k for k in ("png", "jpg") if k in sample)
+    image = sample[ext]
+    shard = tmp_path / "src" / "collide-000000.tar"
+    shard.parent.mkdir()
+    with tarfile.open(shard, "w") as tar:
+        for name in (f"a/b.{ext}", f"a_a.{ext}", f"a_b.{ext}"):
+            info = tarfile.TarInfo(name)
+            info.size = len(image)
+            tar.addfile(info, io.BytesIO(image))
+    out = tmp_path / "out"
+    assert loopvae_main(["encode", "--checkpoint", str(bundled_model_dir()), "--data", str(shard), "--out", str(out),
+                         "--resolution", str(RES), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "'a/b'" in err and "'a_b'" in err and "collide-000000.tar" in err
+    assert not [p for p in out.iterdir() if p.name.startswith(".tmp") or p.suffix == ".tar"]

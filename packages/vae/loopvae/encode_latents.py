@@ -111,6 +111,7 @@ def encode_shard(url: str, target: Path, model: torch.nn.Module, options: Encode
     count = 0
     shape = None
     pending: list[tuple[str, torch.Tensor, dict[str, bytes]]] = []
+    sources: dict[str, str] = {}  # output key -> the input key it came from (sanitising may merge two keys)
 
     def flush(writer: TarShardWriter) -> None:
         nonlocal count, shape
@@ -131,36 +132,45 @@ def encode_shard(url: str, target: Path, model: torch.nn.Module, options: Encode
         count += len(pending)
         pending.clear()
 
-    with TarShardWriter(tmp, "part", max_count=10**9, max_size=2**62) as writer:
-        for sample in iter_samples(url):
-            if ctx is not None and reported_failure(ctx) is not None:
-                raise RemoteRankError(f"stopped: {reported_failure(ctx)}")
-            key = sample["__key__"]
-            ext = image_member(sample)
-            try:
-                if ext is None:
-                    raise DecodeError(f"no image member (members: {sorted(k for k in sample if k[0] != '_')})")
-                image = transforms.sample(decode_image(sample[ext], transforms.draft_size))
-            except DecodeError as err:
-                if not options.skip_corrupt:
-                    raise DecodeError(f"{url}: sample {key!r}: {err} (pass --skip-corrupt to skip and list it)") \
-                        from None
-                log.warning("%s: skipping %r: %s", url, key, err)
-                skipped.append(f"{url}#{key}")
-                continue
-            rest = {k: v for k, v in sample.items() if not k.startswith("__") and k != ext}
-            pending.append((key, image, rest))
-            if len(pending) == options.batch_size:
+    try:
+        with TarShardWriter(tmp, "part", max_count=10**9, max_size=2**62) as writer:
+            for sample in iter_samples(url):
+                if ctx is not None and reported_failure(ctx) is not None:
+                    raise RemoteRankError(f"stopped: {reported_failure(ctx)}")
+                key = sample["__key__"]
+                ext = image_member(sample)
+                try:
+                    if ext is None:
+                        raise DecodeError(f"no image member (members: {sorted(k for k in sample if k[0] != '_')})")
+                    image = transforms.sample(decode_image(sample[ext], transforms.draft_size))
+                except DecodeError as err:
+                    if not options.skip_corrupt:
+                        raise DecodeError(f"{url}: sample {key!r}: {err} (pass --skip-corrupt to skip and list it)") \
+                            from None
+                    log.warning("%s: skipping %r: %s", url, key, err)
+                    skipped.append(f"{url}#{key}")
+                    continue
+                rest = {k: v for k, v in sample.items() if not k.startswith("__") and k != ext}
+                out_key = shard_key(key)
+                if out_key in sources:
+                    raise ValueError(f"{url}: samples {sources[out_key]!r} and {key!r} both become the key {out_key!r} "
+                                     "in the latent shard ('/' and '.' turn into '_'); rename one of them in the input")
+                sources[out_key] = key
+                pending.append((key, image, rest))
+                if len(pending) == options.batch_size:
+                    flush(writer)
+            if pending:
                 flush(writer)
-        if pending:
-            flush(writer)
-    parts = list(tmp.glob("part-*.tar"))
-    if count == 0:  # every image of the shard was skipped (--skip-corrupt): an empty shard keeps the numbering
-        tmp.mkdir(parents=True, exist_ok=True)
-        part = tmp / "part-000000.tar"
-        tarfile.open(part, "w").close()
-    else:
-        (part,) = parts
+        parts = list(tmp.glob("part-*.tar"))
+        if count == 0:  # every image of the shard was skipped (--skip-corrupt): an empty shard keeps the numbering
+            tmp.mkdir(parents=True, exist_ok=True)
+            part = tmp / "part-000000.tar"
+            tarfile.open(part, "w").close()
+        else:
+            (part,) = parts
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # a failed shard leaves no partial files behind
+        raise
     record = {"input": url, "output": target.name, "count": count, "skipped": skipped, "latent_shape": shape,
               **(identity or {})}
     # The record goes down before the shard's rename: a shard that exists always has its record.
