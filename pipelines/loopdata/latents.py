@@ -60,17 +60,31 @@ class LatentNormalization:
     scale: torch.Tensor  # (C, 1, 1)
 
     @classmethod
-    def from_metadata(cls, meta: dict[str, Any]) -> LatentNormalization:
-        channels = int(meta["latent_shape"][0])
-        scaling = float(meta.get("scaling_factor", 1.0))
+    def from_metadata(cls, meta: dict[str, Any], where: str = METADATA_NAME) -> LatentNormalization:
+        """From ``latents.json``'s fields (checked: numbers, ``latents_std`` > 0, one entry per channel)."""
+        shape = meta.get("latent_shape")
+        if not (isinstance(shape, list) and len(shape) == 3 and all(isinstance(n, int) and n > 0 for n in shape)):
+            raise ValueError(f"{where}: latent_shape is {shape!r}; expected [channels, height, width] (positive "
+                             "integers), as loopvae encode writes it")
+        channels = shape[0]
+        scaling = _number(meta, "scaling_factor", 1.0, where)
+        if scaling == 0:
+            raise ValueError(f"{where}: scaling_factor is 0; the latents would all become 0")
         mean, std = meta.get("latents_mean"), meta.get("latents_std")
         if mean is not None and std is not None:
-            if len(mean) != channels or len(std) != channels:
-                raise ValueError(f"{METADATA_NAME}: latents_mean/latents_std need {channels} entries each")
+            for name, values in (("latents_mean", mean), ("latents_std", std)):
+                if not isinstance(values, list) or len(values) != channels:
+                    raise ValueError(f"{where}: {name} needs {channels} entries (one per latent channel), got "
+                                     f"{values!r}")
+                _numbers(values, name, where)
+            bad = [(c, v) for c, v in enumerate(std) if not v > 0]
+            if bad:
+                raise ValueError(f"{where}: latents_std must be > 0 in every channel; channel {bad[0][0]} is "
+                                 f"{bad[0][1]!r} (it would divide the latents by zero or flip their sign)")
             shift = torch.tensor(mean, dtype=torch.float32)
             scale = scaling / torch.tensor(std, dtype=torch.float32)
         else:
-            shift = torch.full((channels,), float(meta.get("shift_factor", 0.0)))
+            shift = torch.full((channels,), _number(meta, "shift_factor", 0.0, where))
             scale = torch.full((channels,), scaling)
         return cls(shift.view(-1, 1, 1), scale.view(-1, 1, 1))
 
@@ -83,14 +97,80 @@ class LatentNormalization:
         return z / self.scale.to(z) + self.shift.to(z)
 
 
+def _number(meta: dict[str, Any], key: str, default: float, where: str) -> float:
+    value = meta.get(key, default)
+    value = default if value is None else value
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or abs(value) == float("inf"):
+        raise ValueError(f"{where}: {key} is {value!r}; expected a finite number")
+    return float(value)
+
+
+def _numbers(values: list[Any], key: str, where: str) -> None:
+    for c, v in enumerate(values):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or abs(v) == float("inf"):
+            raise ValueError(f"{where}: {key}[{c}] is {v!r}; expected a finite number")
+
+
 def read_metadata(source: str | Path) -> dict[str, Any]:
-    """``latents.json`` of a latent shard directory (``source`` is the directory or one of its shards)."""
+    """``latents.json`` of a latent shard directory (``source`` is the directory or one of its shards), checked:
+    valid JSON, the fields a reader needs (``shards``, ``shard_counts``, ``latent_shape``, the normalisation) of
+    the right types, and at least one latent. Every error names the file, the key and the value."""
     path = Path(source)
     folder = path if path.is_dir() else path.parent
     meta_path = folder / METADATA_NAME
     if not meta_path.is_file():
         raise FileNotFoundError(f"{meta_path}: no latent metadata; latent shards are written by `loopvae encode`")
-    return json.loads(meta_path.read_text())
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{meta_path}: not valid JSON ({err}); rerun `loopvae encode` into a new --out") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{meta_path}: expected a JSON object, got {type(meta).__name__}")
+    for key in ("shards", "latent_shape"):
+        if key not in meta:
+            raise ValueError(f"{meta_path}: no {key!r} entry; it is not a complete `loopvae encode` output")
+    shards, counts = meta["shards"], meta.get("shard_counts")
+    if not isinstance(shards, list) or not all(isinstance(n, str) and n for n in shards):
+        raise ValueError(f"{meta_path}: shards is {shards!r}; expected a list of shard file names")
+    if counts is not None and (not isinstance(counts, list) or len(counts) != len(shards)
+                               or not all(isinstance(c, int) and c >= 0 for c in counts)):
+        raise ValueError(f"{meta_path}: shard_counts is {counts!r}; expected one count per shard ({len(shards)})")
+    if not shards or (counts is not None and sum(counts) == 0) or meta.get("latent_shape") is None:
+        raise ValueError(f"{meta_path}: holds no latents (every image was skipped?); nothing to read")
+    LatentNormalization.from_metadata(meta, str(meta_path))  # checks the normalisation fields
+    return meta
+
+
+def verify_latent_shards(folder: str | Path, meta: dict[str, Any] | None = None, checksums: bool = True
+                         ) -> list[int]:
+    """Check a latent shard set against its ``latents.json``: every shard present, its sample count as recorded
+    (always) and, with ``checksums``, its sha256 as recorded. Returns the counts; ``ValueError`` names the shard,
+    the recorded and the found value."""
+    from .shards import file_digest
+
+    folder = Path(folder)
+    meta = read_metadata(folder) if meta is None else meta
+    urls = [folder / name for name in meta["shards"]]
+    missing = [str(u) for u in urls if not u.is_file()]
+    if missing:
+        raise ValueError(f"{folder / METADATA_NAME} lists {missing[0]}, which is missing"
+                         + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+    counts = shard_counts([str(u) for u in urls])
+    for url, recorded, found in zip(urls, meta.get("shard_counts") or counts, counts, strict=True):
+        if recorded != found:
+            raise ValueError(f"{url}: holds {found} samples but {METADATA_NAME} records {recorded}: the shard is "
+                             "truncated or was changed; rerun `loopvae encode` for it (delete it and rerun)")
+    if checksums:
+        digests = meta.get("shard_sha256")
+        if not digests:
+            raise ValueError(f"{folder / METADATA_NAME}: records no shard_sha256 (written by an older loopvae "
+                             "encode); re-encode to verify checksums")
+        for url in urls:
+            found = file_digest(url)[1]
+            if digests.get(url.name) != found:
+                raise ValueError(f"{url}: sha256 {found[:16]}... differs from the recorded "
+                                 f"{str(digests.get(url.name))[:16]}...: the shard was modified or corrupted")
+    return counts
 
 
 def denormalize(z: torch.Tensor, meta: dict[str, Any]) -> torch.Tensor:
@@ -105,7 +185,9 @@ class LatentDataset(IterableDataset):
     "flipped": bool}``.
 
     Args:
-        source: the shard directory (or a shard spec within it: glob, brace pattern, comma list).
+        source: the shard directory (or a shard spec within it: glob, brace pattern, comma list). A directory's
+            shards are checked against ``latents.json``: each shard's sample count always, its sha256 with
+            ``verify=True`` (:func:`verify_latent_shards`).
         train: shuffle shards per epoch (seeded), split them over ranks x workers (each a disjoint set),
             shuffle samples in a ``shuffle_buffer`` and pick the flipped latent with probability
             ``flip_prob`` (when the shards hold one). Every rank and worker yields the same number of samples
@@ -117,7 +199,8 @@ class LatentDataset(IterableDataset):
     """
 
     def __init__(self, source: str | Path, train: bool = True, rank: int = 0, world_size: int = 1,
-                 seed: int = 0, flip_prob: float = 0.5, shuffle_buffer: int = 1000, normalize: bool = True) -> None:
+                 seed: int = 0, flip_prob: float = 0.5, shuffle_buffer: int = 1000, normalize: bool = True,
+                 verify: bool = False) -> None:
         super().__init__()
         src = Path(source)
         folder = src if src.is_dir() else Path(expand_urls(str(source))[0]).parent
@@ -125,11 +208,15 @@ class LatentDataset(IterableDataset):
         self.urls = [str(folder / name) for name in self.meta["shards"]] if src.is_dir() else expand_urls(str(source))
         if not self.urls:
             raise ValueError(f"{source}: no latent shards")
-        self.counts = shard_counts(self.urls)
+        if src.is_dir():  # counts always; checksums on request (verify=True)
+            self.counts = verify_latent_shards(folder, self.meta, checksums=verify)
+        else:
+            self.counts = shard_counts(self.urls)
+        self.shape = tuple(self.meta["latent_shape"])
         self.train, self.rank, self.world_size, self.seed = train, rank, world_size, seed
         self.flip_prob = flip_prob if self.meta.get("flip") else 0.0
         self.shuffle_buffer = shuffle_buffer
-        self.norm = LatentNormalization.from_metadata(self.meta) if normalize else None
+        self.norm = LatentNormalization.from_metadata(self.meta, str(folder / METADATA_NAME)) if normalize else None
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -158,7 +245,12 @@ class LatentDataset(IterableDataset):
         ext = FLIP_EXT if flip else LATENT_EXT
         if ext not in sample:
             raise ValueError(f"{where} has no .{ext} member (members: {sorted(k for k in sample if k[0] != '_')})")
-        z = torch.from_numpy(load_npy(sample[ext], where).astype(np.float32))
+        array = load_npy(sample[ext], where)
+        if tuple(array.shape) != self.shape:
+            raise ValueError(f"{where}: .{ext} has shape {tuple(array.shape)}, but {METADATA_NAME} records "
+                             f"latent_shape {list(self.shape)}: the shard set mixes latents of different tokenizers "
+                             "or resolutions")
+        z = torch.from_numpy(array.astype(np.float32))
         item: dict[str, Any] = {"latent": self.norm.normalize(z) if self.norm is not None else z,
                                 "key": sample["__key__"], "flipped": flip}
         if "cls" in sample:

@@ -1,6 +1,7 @@
 """``loopvae encode`` and the latent reader: encode -> read -> decode reproduces ``vae.decode`` of the posterior
 mean; exactly once under torchrun x2; resumable; seeded samples; corrupt images named."""
 
+import io
 import json
 import os
 import subprocess
@@ -178,3 +179,78 @@ def test_keys_that_collide_after_sanitising_are_refused_naming_both(tmp_path: Pa
     err = capsys.readouterr().err
     assert "'a/b'" in err and "'a_b'" in err and "collide-000000.tar" in err
     assert not [p for p in out.iterdir() if p.name.startswith(".tmp") or p.suffix == ".tar"]
+
+
+def _copy_set(src: Path, dst: Path) -> Path:
+    import shutil
+
+    shutil.copytree(src, dst)
+    return dst
+
+
+def _edit_meta(folder: Path, **changes) -> Path:
+    meta = json.loads((folder / "latents.json").read_text())
+    meta.update(changes)
+    for key, value in changes.items():
+        if value is ...:
+            del meta[key]
+    (folder / "latents.json").write_text(json.dumps(meta))
+    return folder
+
+
+def test_latent_reader_refuses_bad_metadata_and_shards_naming_what_is_wrong(tmp_path: Path) -> None:
+    import tarfile
+
+    good = tmp_path / "good"
+    meta = _encode(good, data_urls("val"))
+    shard = good / meta["shards"][0]
+    assert meta["shard_counts"] == [4] and set(meta["shard_sha256"]) == {shard.name}
+    assert len(list(LatentDataset(good, train=False, verify=True))) == 4  # intact: counts and checksums pass
+
+    bad = _copy_set(good, tmp_path / "json")
+    (bad / "latents.json").write_text("{not json")
+    with pytest.raises(ValueError, match=r"latents.json: not valid JSON"):
+        LatentDataset(bad, train=False)
+    with pytest.raises(ValueError, match=r"no 'shards' entry"):
+        LatentDataset(_edit_meta(_copy_set(good, tmp_path / "noshards"), shards=...), train=False)
+    with pytest.raises(ValueError, match=r"scaling_factor is 'abc'"):
+        LatentDataset(_edit_meta(_copy_set(good, tmp_path / "abc"), scaling_factor="abc"), train=False)
+    c = meta["latent_shape"][0]
+    with pytest.raises(ValueError, match=r"latents_std must be > 0 .* channel 0 is 0"):
+        LatentDataset(_edit_meta(_copy_set(good, tmp_path / "std"), latents_mean=[0.0] * c, latents_std=[0.0] * c),
+                      train=False)
+    wrong = [c, meta["latent_shape"][1] * 2, meta["latent_shape"][2]]
+    reader = LatentDataset(_edit_meta(_copy_set(good, tmp_path / "shape"), latent_shape=wrong), train=False)
+    with pytest.raises(ValueError, match=rf"{shard.name}: sample '.*': .latent.npy has shape .* latent_shape"):
+        next(iter(reader))
+
+    # a shard cut at a sample boundary: 3 of the 4 recorded samples
+    cut = _copy_set(good, tmp_path / "cut")
+    with tarfile.open(shard) as tar:
+        members = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]
+    last_key = members[-1][0].name.split(".")[0]
+    with tarfile.open(cut / shard.name, "w") as tar:
+        for m, data in members:
+            if m.name.split(".")[0] != last_key:
+                tar.addfile(m, io.BytesIO(data))
+    with pytest.raises(ValueError, match=rf"{shard.name}: holds 3 samples but latents.json records 4"):
+        LatentDataset(cut, train=False)
+
+    # 600 bytes overwritten inside a latent: the count is intact, the checksum is not
+    flipped = _copy_set(good, tmp_path / "flip")
+    raw = bytearray((flipped / shard.name).read_bytes())
+    raw[2000:2600] = bytes(600)
+    (flipped / shard.name).write_bytes(bytes(raw))
+    assert len(list(LatentDataset(flipped, train=False))) == 4  # without verify: counts only
+    with pytest.raises(ValueError, match=rf"{shard.name}: sha256 .* differs from the recorded"):
+        LatentDataset(flipped, train=False, verify=True)
+
+
+def test_an_encode_where_every_image_fails_exits_with_an_error(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    with TarShardWriter(tmp_path / "bad", "bad") as writer:
+        writer.add("broken", {"jpg": b"\xff\xd8 not a jpeg"})
+    out = tmp_path / "out"
+    assert loopvae_main(["encode", "--checkpoint", str(bundled_model_dir()), "--data", str(writer.records[0].path),
+                         "--out", str(out), "--resolution", str(RES), "--device", "cpu", "--skip-corrupt"]) == 2
+    assert "no image of" in capsys.readouterr().err
+    assert not (out / "latents.json").exists()

@@ -33,7 +33,7 @@ import torch
 
 from loopdata.decode import DecodeError, decode_image
 from loopdata.latents import FLIP_EXT, LATENT_EXT, METADATA_NAME, npy_bytes
-from loopdata.shards import expand_urls, image_member, iter_samples, shard_counts
+from loopdata.shards import expand_urls, file_digest, image_member, iter_samples, shard_counts
 from loopdata.transforms import build_transforms, make_options
 from loopdata.writer import TarShardWriter
 from looprun.checkpoint import write_atomic
@@ -172,7 +172,7 @@ def encode_shard(url: str, target: Path, model: torch.nn.Module, options: Encode
         shutil.rmtree(tmp, ignore_errors=True)  # a failed shard leaves no partial files behind
         raise
     record = {"input": url, "output": target.name, "count": count, "skipped": skipped, "latent_shape": shape,
-              **(identity or {})}
+              "sha256": file_digest(part)[1], **(identity or {})}
     # The record goes down before the shard's rename: a shard that exists always has its record.
     write_atomic(_record_path(target), json.dumps(record, allow_nan=False))
     os.replace(part, target)
@@ -237,16 +237,20 @@ def encode_dataset(checkpoint: str | Path, data: str, out_dir: str | Path, optio
         error = err
     raise_if_any_rank_failed(error, "encoding", ctx)
     all_records = sorted((r for part in gather_objects(records, ctx) for r in part), key=lambda r: r["output"])
+    if sum(r["count"] for r in all_records) == 0:  # on every rank, so none waits for the others
+        skipped = [s for r in all_records for s in r.get("skipped", [])]
+        raise ValueError(f"no image of {data} could be encoded ({len(skipped)} skipped as undecodable, e.g. "
+                         f"{skipped[:3]}); no {METADATA_NAME} written to {out}")
     meta: dict[str, Any] = {}
     if ctx.is_main:
-        meta = _metadata(loaded, model, data, urls, all_records, options, time.perf_counter() - started)
+        meta = _metadata(loaded, model, data, urls, all_records, options, time.perf_counter() - started, out)
         write_atomic(out / METADATA_NAME, json.dumps(meta, indent=2, allow_nan=False))
     barrier(ctx)
     return meta if ctx.is_main else json.loads((out / METADATA_NAME).read_text())
 
 
 def _metadata(loaded, model, data: str, urls: list[str], records: list[dict[str, Any]], options: EncodeOptions,
-              seconds: float) -> dict[str, Any]:
+              seconds: float, out_dir: Path) -> dict[str, Any]:
     expected = dict(zip(urls, shard_counts(urls), strict=True))
     skipped = [s for r in records for s in r.get("skipped", [])]
     written = sum(r["count"] for r in records)
@@ -271,6 +275,9 @@ def _metadata(loaded, model, data: str, urls: list[str], records: list[dict[str,
         "shift_factor": float(config.get("shift_factor", 0.0) or 0.0),
         "latents_mean": config.get("latents_mean"), "latents_std": config.get("latents_std"),
         "shards": [r["output"] for r in records], "shard_counts": [r["count"] for r in records],
+        # checked by the latent reader with verify=True (and by `loopdata check` on the folder)
+        "shard_sha256": {r["output"]: r.get("sha256") or file_digest(Path(out_dir) / r["output"])[1]
+                         for r in records},
         "resumed_shards": [r["output"] for r in records if r.get("resumed")],
         "inputs": {r["output"]: r["input"] for r in records},
         "options": asdict(options), "seconds": round(seconds, 2), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
