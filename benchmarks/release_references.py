@@ -39,20 +39,6 @@ COMMAND = "make release-references"
 REFERENCES = ("klvae", "dcae")
 
 
-def relative(path: str, roots: dict[str, Path]) -> str:
-    """``path`` relative to one of ``roots`` (``{"<repo>": repo, "<data>": shared}``), prefixed with that root's
-    name; unchanged when it is under none (recorded provenance never holds this machine's absolute paths)."""
-    p = Path(path)
-    if not p.is_absolute():
-        return path
-    for name, root in roots.items():
-        try:
-            return f"{name}/{p.resolve().relative_to(root.resolve())}"
-        except ValueError:
-            continue
-    return f"<elsewhere>/{p.name}"
-
-
 def reference_arm(key: str, steps: int | None) -> tuple[Arm, dict[str, Any]]:
     """The training run of one reference at its search's pick, and what it records."""
     family = sf.FAMILIES[key]
@@ -120,7 +106,7 @@ bundled LoopVAE.
     (target / "README.md").write_text(text)
 
 
-def bundle(release: Path, target: Path, r: dict[str, Any], roots: dict[str, Path]) -> None:
+def bundle(release: Path, target: Path, r: dict[str, Any]) -> None:
     from looprun.release import WEIGHTS_NAME, release_weights_file
 
     if target.exists():
@@ -130,16 +116,9 @@ def bundle(release: Path, target: Path, r: dict[str, Any], roots: dict[str, Path
     shutil.copy2(release / "latent_stats.json", target / "latent_stats.json")
     shutil.copy2(release_weights_file(release), target / WEIGHTS_NAME)
     info = json.loads((release / "release.json").read_text())
-    info["data"] = ", ".join(relative(p.strip(), roots) for p in str(info.get("data", "")).split(","))
-    info["run_dir"] = relative(str(info.get("run_dir", "")), roots)
     info.update(command=COMMAND, recipe_arm=r["recipe_arm"], images_seen=r["images_seen"],
                 train_cpu_hours=round(r["train_seconds"] / 3600, 3))
     (target / "release.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
-    stats = json.loads((target / "latent_stats.json").read_text())
-    for key in ("source", "data"):
-        if isinstance(stats.get(key), str):
-            stats[key] = relative(stats[key], roots)
-    (target / "latent_stats.json").write_text(json.dumps(stats, indent=2) + "\n")
     write_card(target, r)
 
 
@@ -155,14 +134,13 @@ def main() -> int:
     parser.add_argument("--study", default="docs/study_fair", help="the study's result folder (the searches' picks)")
     args = parser.parse_args()
     sf.DOCS, sf.RESULTS = Path(args.study), Path(args.study) / "runs"
-    import loopdata
+    from loopdata.assets import portable_text
     from looprun.checkpoint import sha256_file
     from looprun.release import release_weights_file
     from loopvae.compare import _architecture
 
     runs = Path(args.runs)
     runs.mkdir(parents=True, exist_ok=True)
-    shared = Path(args.shared) if args.shared else loopdata.find_shared_data()
     data = release_data(args.shared, runs / "data", "the references' release")
     planned = {key: reference_arm(key, args.steps) for key in REFERENCES}
     timings = Timings(runs / "timings.json")
@@ -172,7 +150,6 @@ def main() -> int:
     import torch
 
     torch.set_num_threads(2)
-    roots = {"<repo>": Path.cwd(), "<data>": shared or Path.cwd()}
     out: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "command": COMMAND, "references": {}}
     for arm, record in planned.values():
         run = runs / arm.name
@@ -191,8 +168,8 @@ def main() -> int:
                      f" (AutoencoderDC has no shift_factor key; the measured shift {stats['shift_factor']:.6f} is in "
                      "latent_stats.json)")))
         for split in ("kodak", "imagenet"):
-            r["eval"][split]["data"]["urls"] = relative(r["eval"][split]["data"]["urls"].split(",")[0], roots)
-            r["eval"][split]["model"]["source"] = relative(r["eval"][split]["model"]["source"], roots)
+            r["eval"][split]["data"]["urls"] = portable_text(r["eval"][split]["data"]["urls"])
+            r["eval"][split]["model"]["source"] = portable_text(r["eval"][split]["model"]["source"])
         out["references"][record["model"]] = r
         heldout, bicubic = r["eval"]["imagenet"]["psnr"], r["eval"]["imagenet"]["baseline"]["psnr"]
         if args.steps is None and heldout <= bicubic:
@@ -201,7 +178,7 @@ def main() -> int:
                              f"(see {run}.log and {run}/validation.json)")
         target_root = args.bundle_dir or (None if args.steps is not None else "assets/models")
         if target_root:
-            bundle(release, Path(target_root) / record["model"], r, roots)
+            bundle(release, Path(target_root) / record["model"], r)
             print(f"bundled {release} -> {Path(target_root) / record['model']}", flush=True)
     docs = Path(args.docs)
     docs.mkdir(parents=True, exist_ok=True)

@@ -51,3 +51,47 @@ def bundled_kodak_urls(split: str = "train") -> list[str]:
             "`loopdata bundle-kodak --source <shared>/kodak/kodak-000000.tar`"
         )
     return urls
+
+
+# Absolute paths of this machine that a committed artifact must not hold (see portable_text).
+MACHINE_ROOTS = ("/work/", "/root/", "/home/", "/tmp/", "/Users/", "/mnt/", "/private/")
+
+
+def portable_path(path: str | os.PathLike) -> str:
+    """``path`` as recorded provenance: relative to the repository (``<repo>/...``), the shared data
+    (``<data>/...``) or the home folder (``~/...``) when under one of them; a relative path or one elsewhere is
+    kept as given. Artifacts that other machines read (releases, study results) never hold this machine's
+    absolute paths."""
+    text = os.fspath(path)
+    if not os.path.isabs(text):
+        return text
+    resolved = Path(text).resolve()
+    roots = [("<repo>", repo_root())]
+    shared = find_shared_data()
+    if shared is not None:
+        roots.append(("<data>", shared))
+    roots.append(("~", Path.home()))
+    for name, root in roots:
+        try:
+            rel = resolved.relative_to(root.resolve())
+        except ValueError:
+            continue
+        return name if str(rel) == "." else f"{name}/{rel}"
+    return text
+
+
+def portable_text(text: str) -> str:
+    """Every absolute path under the repository, the shared data or the home folder inside ``text`` (a log line,
+    a comma-separated shard list, an error message) rewritten by :func:`portable_path`."""
+    import re
+
+    roots = [str(repo_root().resolve())]
+    shared = find_shared_data()
+    if shared is not None:
+        roots.append(str(shared.resolve()))
+        if str(shared) != str(shared.resolve()):
+            roots.append(str(shared))
+    roots.append(str(Path.home()))
+    alternatives = "|".join(re.escape(r) for r in sorted(roots, key=len, reverse=True))
+    pattern = re.compile("(" + alternatives + r")(?=$|[/\s,'\"])(/[^\s,'\"]*)?")  # whole path components only
+    return pattern.sub(lambda m: portable_path(m.group(0)), text)

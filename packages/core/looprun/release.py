@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from loopdata.assets import portable_text
 from loopdata.errors import one_line
 from looprun.checkpoint import (
     CheckpointManager,
@@ -144,8 +145,10 @@ def save_release(
         model.save_config(tmp)
         state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
         save_file(state, tmp / WEIGHTS_NAME, metadata={"format": "pt"})
-        info = {"weights": "model", **(provenance or {}), "weights_file": WEIGHTS_NAME,
-                "sha256": sha256_file(tmp / WEIGHTS_NAME)}
+        # recorded paths relative to the repository / shared data / home (loopdata.assets.portable_text)
+        info = {"weights": "model", **{k: portable_text(v) if isinstance(v, str) else v
+                                       for k, v in (provenance or {}).items()},
+                "weights_file": WEIGHTS_NAME, "sha256": sha256_file(tmp / WEIGHTS_NAME)}
         write_durable(tmp / "release.json", json.dumps(info, indent=2, sort_keys=True))
         write_durable(tmp / CARD_NAME, render_model_card(model, info, card_facts))
         for name in ("config.json", WEIGHTS_NAME):

@@ -25,6 +25,7 @@ import torch
 from tqdm import tqdm
 
 import loopdata
+from loopdata.assets import portable_text
 from looprun.checkpoint import write_atomic
 from looprun.release import resolve_artifact
 
@@ -128,7 +129,7 @@ def estimate_latent_statistics(
                          "scaling_factor is undefined (use more, or more varied, images)")
     return LatentStatistics(
         shift_factor=mean, scaling_factor=1.0 / math.sqrt(var), num_images=len(keys), num_values=count,
-        resolution=resolution, posterior=posterior, seed=seed, data=data,
+        resolution=resolution, posterior=posterior, seed=seed, data=portable_text(data),
         channel_mean=[float(v) for v in moments.channel_mean()],
         channel_std=[float(v) for v in moments.channel_var().sqrt()], keys=keys,
     )
