@@ -50,16 +50,55 @@ def is_folder_url(url: str) -> bool:
     return url.startswith(FOLDER_SCHEME)
 
 
+def walk_files(root: str | os.PathLike, recursive: bool = True, hidden: bool = True) -> list[Path]:
+    """Every file under ``root`` as ``root/<relative path>``, sorted by relative POSIX path: the one folder walker
+    of every reader (folders as data, ``loopdata write``).
+
+    Directory symlinks are followed (Python 3.11's ``rglob`` does not), each real directory once: a link back to
+    an ancestor or to a directory already walked is skipped with a warning naming it, so a loop cannot run
+    forever. Broken links are named in a warning, never silently dropped. ``hidden=False`` leaves out file names
+    starting with ``.``.
+    """
+    base = Path(root)
+    seen: set[tuple[int, int]] = set()
+    out: list[Path] = []
+    broken: list[str] = []
+    looped: list[str] = []
+    for directory, dirnames, filenames in os.walk(base, followlinks=True):
+        info = os.stat(directory)
+        if (info.st_dev, info.st_ino) in seen:
+            looped.append(Path(directory).relative_to(base).as_posix())
+            dirnames[:] = []
+            continue
+        seen.add((info.st_dev, info.st_ino))
+        dirnames.sort()
+        for name in filenames:
+            if not hidden and name.startswith("."):
+                continue
+            path = Path(directory) / name
+            if not path.exists():  # a link whose target is gone
+                broken.append(path.relative_to(base).as_posix())
+            elif path.is_file():
+                out.append(path)
+        if not recursive:
+            break
+    if broken:
+        logger.warning("loopdata: %s: %d broken link(s) are not read: %s", root, len(broken), broken[:5])
+    if looped:
+        logger.warning("loopdata: %s: %d linked folder(s) were already read through another path (a link loop or "
+                       "a second link to one folder) and are skipped: %s", root, len(looped), looped[:5])
+    return sorted(out, key=lambda p: p.relative_to(base).as_posix())
+
+
 def holds_images(path: Path) -> bool:
-    """Whether directory ``path`` contains at least one image file (at any depth)."""
-    return any(p.suffix[1:].lower() in IMAGE_EXTS and p.is_file() for p in path.rglob("*"))
+    """Whether directory ``path`` contains at least one image file (at any depth, through directory links)."""
+    return any(p.suffix[1:].lower() in IMAGE_EXTS for p in walk_files(path))
 
 
 @functools.lru_cache(maxsize=8)
 def _scan(root: str, mtime_ns: int) -> tuple[FolderImage, ...]:
     base = Path(root)
-    files = sorted((p for p in base.rglob("*") if p.is_file() and not p.name.startswith(".")),
-                   key=lambda p: p.relative_to(base).as_posix())
+    files = walk_files(base, hidden=False)
     images = [p for p in files if p.suffix[1:].lower() in IMAGE_EXTS]
     others = [p.relative_to(base).as_posix() for p in files if p.suffix[1:].lower() not in IMAGE_EXTS]
     if others:

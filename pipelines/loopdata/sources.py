@@ -21,6 +21,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from .folders import walk_files
+
 LAYOUTS = ("auto", "classes", "flat")
 
 
@@ -57,8 +59,7 @@ def sanitize_key(stem: str) -> str:
 
 
 def _files(directory: Path, recursive: bool) -> list[Path]:
-    paths = directory.rglob("*") if recursive else directory.iterdir()
-    return sorted((p for p in paths if p.is_file()), key=lambda p: p.relative_to(directory).as_posix())
+    return walk_files(directory, recursive=recursive)  # directory links followed, broken links named
 
 
 def _rel(path: Path, root: Path) -> str:
@@ -98,11 +99,15 @@ def scan_classes(root: Path) -> tuple[list[SourceItem], list[Skipped], list[str]
     classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     if not classes:
         raise ValueError(f"{root} has no class folders (expected <root>/<class>/<image files>)")
-    skipped = [Skipped(_rel(p, root), "not inside a class folder") for p in _files(root, recursive=False)]
-    items = []
-    for label, name in enumerate(classes):
-        for path in _files(root / name, recursive=True):
-            items.append(SourceItem(path, _rel(path, root), sanitize_key(path.stem), label, name))
+    index = {name: label for label, name in enumerate(classes)}
+    skipped, items = [], []
+    # one walk from the root (as folders-as-data reads it): a linked folder reached twice is read once
+    for path in _files(root, recursive=True):
+        parts = Path(_rel(path, root)).parts
+        if len(parts) == 1:
+            skipped.append(Skipped(_rel(path, root), "not inside a class folder"))
+        elif parts[0] in index:
+            items.append(SourceItem(path, _rel(path, root), sanitize_key(path.stem), index[parts[0]], parts[0]))
     if len({item.key for item in items}) < len(items):
         # Generic trees (cat/001.jpg, dog/001.jpg) reuse stems; ImageNet's never do.
         items = [

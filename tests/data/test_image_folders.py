@@ -99,3 +99,27 @@ def test_a_folder_that_shrinks_after_planning_is_an_error(tmp_path: Path) -> Non
     (root / "2.jpg").unlink()
     with pytest.raises(loopdata.ShardReadError, match="now holds 2 images, fewer than when the data was planned"):
         list(loader)
+
+
+def test_symlinked_class_folders_are_followed_and_broken_or_looping_links_named(tmp_path: Path, caplog) -> None:
+    """``cat/`` (2 images) + ``dog -> elsewhere`` (3 images): every reader sees 5 images in 2 classes, as
+    ``loopdata write`` does; a broken link and a link back to the root are named, and the walk ends."""
+    from loopdata.sources import scan_classes
+
+    root, elsewhere = tmp_path / "data", tmp_path / "elsewhere"
+    (root / "cat").mkdir(parents=True)
+    elsewhere.mkdir()
+    for i in range(2):
+        (root / "cat" / f"c{i}.jpg").write_bytes(jpeg(24, 24, seed=i))
+    for i in range(3):
+        (elsewhere / f"d{i}.jpg").write_bytes(jpeg(24, 24, seed=10 + i))
+    (root / "dog").symlink_to(elsewhere, target_is_directory=True)
+    (root / "cat" / "gone.jpg").symlink_to(tmp_path / "missing.jpg")
+    (root / "dog" / "again").symlink_to(root, target_is_directory=True)  # a loop through the link
+    with caplog.at_level(logging.WARNING, logger="loopdata"):
+        images = scan_folder(root)
+    assert [(i.relpath, i.label) for i in images] == [("cat/c0.jpg", 0), ("cat/c1.jpg", 0), ("dog/d0.jpg", 1),
+                                                       ("dog/d1.jpg", 1), ("dog/d2.jpg", 1)]
+    assert "cat/gone.jpg" in caplog.text and "dog/again" in caplog.text
+    assert sum(len(b["key"]) for b in _batches(str(root), num_workers=0)) == 5
+    assert [item.relpath for item in scan_classes(root)[0]] == [i.relpath for i in images]  # loopdata write
