@@ -254,3 +254,21 @@ def test_an_encode_where_every_image_fails_exits_with_an_error(tmp_path: Path, c
                          "--out", str(out), "--resolution", str(RES), "--device", "cpu", "--skip-corrupt"]) == 2
     assert "no image of" in capsys.readouterr().err
     assert not (out / "latents.json").exists()
+
+
+def test_a_failed_start_creates_no_output_and_a_killed_runs_temporaries_are_removed(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert loopvae_main(["encode", "--checkpoint", str(tmp_path / "no-such-release"), "--data", data_urls("val"),
+                         "--out", str(out), "--resolution", str(RES), "--device", "cpu"]) == 2
+    assert not out.exists()  # the checkpoint is checked before --out is made
+    out.mkdir()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = out / f".latents-000000.tar.json.tmp-{int(dead.stdout)}"  # what a SIGKILL during write_atomic leaves
+    stale.write_text("{")
+    live = out / f".other.tmp-{os.getpid()}"  # a running process's temporary file stays
+    live.write_text("x")
+    (out / ".tmp-latents-000000").mkdir()
+    (out / ".tmp-latents-000000" / "part-000000.tar").write_bytes(b"partial")
+    meta = _encode(out, data_urls("val"))
+    assert meta["num_samples"] == 4
+    assert not stale.exists() and not (out / ".tmp-latents-000000").exists() and live.exists()

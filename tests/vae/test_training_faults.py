@@ -191,3 +191,20 @@ def test_a_run_that_fails_to_start_leaves_no_files_in_a_new_folder(tmp_path: Pat
     (out / "notes.txt").write_text("mine")
     subprocess.run(_cli(out, "model=loopvae-huge"), capture_output=True, text=True)
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]  # an existing folder keeps only its own files
+
+
+@pytest.mark.parametrize("override, message", [
+    ("resolution=36", "resolution=36: loopvae-cnn-tiny cannot reconstruct 36² crops"),
+    ("keep_checkpoints=0", "keep_checkpoints must be >= 1, got 0"),
+    ("model_overrides={width: abc}", "model_overrides.width: 'abc' is not an integer"),
+])
+def test_bad_settings_are_refused_before_any_file_is_written(tmp_path: Path, override: str, message: str,
+                                                              capsys) -> None:
+    """Checked on the meta device before the run folder, .lock, config.yaml, tb/ or train.log exist."""
+    from loopvae.cli import main as loopvae_main
+
+    out = tmp_path / "run"
+    assert loopvae_main(["train", "--config", "tiny-stage1", "--data", data_urls(), "--out", str(out),
+                         "--set", *FAST, override]) == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()

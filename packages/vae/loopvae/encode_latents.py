@@ -180,6 +180,35 @@ def encode_shard(url: str, target: Path, model: torch.nn.Module, options: Encode
     return record
 
 
+def remove_stale_temporaries(out: Path) -> list[Path]:
+    """Delete what a killed earlier run left in ``out``: ``.tmp-latents-*`` folders and ``.<file>.tmp-<pid>`` files
+    of processes that no longer run (a live process's files are kept). Returns what was removed."""
+    removed = []
+    for path in out.glob(".*"):
+        pid = path.name.rsplit(".tmp-", 1)[1] if ".tmp-" in path.name else None
+        if path.name.startswith(".tmp-latents-"):
+            shutil.rmtree(path, ignore_errors=True)
+        elif pid and pid.isdigit() and not _alive(int(pid)):
+            path.unlink(missing_ok=True)
+        else:
+            continue
+        removed.append(path)
+    if removed:
+        log.info("removed %d temporary file(s) of an earlier, killed run: %s", len(removed),
+                 [p.name for p in removed[:5]])
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _record_path(target: Path) -> Path:
     return target.with_name(target.name + ".json")
 
@@ -210,12 +239,16 @@ def encode_dataset(checkpoint: str | Path, data: str, out_dir: str | Path, optio
     """
     ctx = init_distributed(options.device)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    # the checkpoint and the data are checked before --out is created: a failed start leaves nothing behind
     loaded = load_tokenizer(checkpoint, options.weights)
     model = loaded.model.to(ctx.device).eval()
     urls = expand_urls(data)
     if not urls:
         raise ValueError(f"--data {data!r} names no shards or images")
+    out.mkdir(parents=True, exist_ok=True)
+    if ctx.is_main:
+        remove_stale_temporaries(out)
+    barrier(ctx)  # no rank starts a shard while rank 0 is still cleaning up
     started = time.perf_counter()
     identity = run_identity(loaded, options)
     records = []

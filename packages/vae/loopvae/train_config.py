@@ -113,7 +113,7 @@ class TrainConfig:
         if self.discriminator not in ("none", "patchgan", "dino"):
             raise ConfigError(f"discriminator must be none, patchgan or dino, got {self.discriminator!r}")
         for key in ("max_steps", "batch_size", "grad_accum_steps", "checkpoint_every", "log_every", "image_every",
-                    "r1_every", "eval_resolution", "eval_images"):
+                    "r1_every", "eval_resolution", "eval_images", "keep_checkpoints"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"{key} must be >= 1, got {getattr(self, key)}")
         if self.precision not in ("bf16", "fp32"):

@@ -154,13 +154,46 @@ def discriminator_optimizer(params: list[nn.Parameter], config: TrainConfig) -> 
     return torch.optim.AdamW(params, lr=config.disc_lr * c, betas=(beta1**c, beta2**c))
 
 
+def preflight(config: TrainConfig) -> None:
+    """What can be checked before any file is written (a failed start leaves no files): the model builds with its
+    ``model_overrides`` (a wrongly typed value is named with its key) and takes ``resolution``² crops. Runs on the
+    meta device: no memory, no time."""
+    from looprun.config import ConfigError
+
+    if config.init_from:
+        return  # the architecture comes from the artifact, checked when it is loaded
+    with torch.device("meta"):
+        try:
+            model = create_model(config.model, **config.model_overrides)
+        except KeyError as err:
+            raise ConfigError(f"model: {err.args[0]}") from None
+        except (TypeError, ValueError) as err:
+            defaults = dict(create_model(config.model).config)
+            for key, value in config.model_overrides.items():
+                default = defaults.get(key)
+                if isinstance(default, (bool, int, float)) and not isinstance(value, type(default)) and not (
+                        isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool)):
+                    kind = {bool: "a boolean", int: "an integer", float: "a number"}[type(default)]
+                    raise ConfigError(f"model_overrides.{key}: {value!r} is not {kind} "
+                                      f"({config.model}'s default is {default!r})") from None
+            raise ConfigError(f"model_overrides {dict(config.model_overrides)} do not build {config.model}: "
+                              f"{err}") from None
+        try:
+            x = torch.empty(1, 3, config.resolution, config.resolution)
+            model.decode(encode_sample(model, x))
+        except (ValueError, RuntimeError) as err:
+            raise ConfigError(f"resolution={config.resolution}: {config.model} cannot reconstruct "
+                              f"{config.resolution}² crops ({err})") from None
+
+
 class Trainer(TrainingLoop):
     """Owns every piece of training state; :meth:`run` runs :class:`looprun.training_loop.TrainingLoop`."""
 
     def __init__(
         self, config: TrainConfig, data: str | list[str], out_dir: str | Path, val_data: str | list[str] | None = None
     ) -> None:
-        super().__init__(config.validate(), out_dir, "loopvae")
+        preflight(config.validate())  # before the run folder, lock, config.yaml, log or tb/ exist
+        super().__init__(config, out_dir, "loopvae")
         with self.abandon_on_error():
             dev = self.ctx.device
             self.autocast = dev.type == "cuda" and config.precision == "bf16"
