@@ -294,9 +294,10 @@ class ShardDataset(IterableDataset):
         items: list[_Item] = []
         # skipped samples travel with the batch they were met in (``"skipped"``: key, shard, reason and
         # ``after``, the number of the batch's images read before it), so an evaluation can name them and
-        # count only those before its --limit; a worker whose last samples were all skipped yields an empty
-        # batch that carries them
+        # count only those before its --limit; those after a worker's last image go with its last batch, and a
+        # worker that read no image at all yields one batch of 0 images carrying them
         self._skipped = []
+        held: dict[str, Any] | None = None  # the last full batch, held back until the next one or the end
         for url, sample in self._eval_range(start, stop):
             self._place_skipped(len(items))  # a damaged shard's remainder, reported inside _eval_range
             try:
@@ -306,12 +307,21 @@ class ShardDataset(IterableDataset):
                 self._place_skipped(len(items))
                 continue
             if len(items) == self.batch_size:
-                yield self._with_skipped(self._collate(items, None))
-                items = []
+                if held is not None:
+                    yield held
+                held, items = self._with_skipped(self._collate(items, None)), []
         self._place_skipped(len(items))
         if items:
+            if held is not None:
+                yield held
             yield self._with_skipped(self._collate(items, None))
-        elif self._skipped:
+        elif held is not None:  # skipped after the last full batch: they travel with it, after its last image
+            for entry in self._skipped:
+                entry["after"] = len(held["key"])
+            held.setdefault("skipped", []).extend(self._skipped)
+            self._skipped = []
+            yield held
+        elif self._skipped:  # this worker read no image at all: one empty batch carries the names
             yield self._with_skipped(self._empty_batch())
 
     def _place_skipped(self, after: int) -> None:

@@ -68,7 +68,10 @@ class ShardLoader:
     * ``"key"``: list of N sample keys (str);
     * ``"shard"``: list of N shard URLs the samples came from (keys are unique per shard set, not globally);
     * ``"label"``: int64 (N,) when every sample of the batch has a ``.cls``, or float32 (N, K) soft
-      targets when classification training uses Mixup/CutMix.
+      targets when classification training uses Mixup/CutMix;
+    * ``"skipped"`` (evaluation with ``skip_corrupt``, when samples were skipped): a list of ``{"key", "shard",
+      "reason", "after"}``, ``after`` = how many of the batch's images came before the skipped sample. A worker
+      whose every sample was undecodable yields one batch of N = 0 images carrying them.
 
     Epochs: each complete iteration advances :attr:`epoch` by one. :meth:`set_epoch` (or
     :meth:`load_state_dict` with the dict from :meth:`state_dict`) selects the epoch and the first batch

@@ -134,3 +134,19 @@ def test_evaluation_with_skip_corrupt_yields_every_good_sample_once(hard_shard):
         # The 20x20 image (and the 8x8 ones) are upscaled to the crop, not dropped.
         assert batch["image"].shape[1:] == (3, 32, 32)
         assert batch["image"].min() >= -1 and batch["image"].max() <= 1
+
+
+def test_16bit_images_convert_in_blocks_to_the_same_top_byte(monkeypatch):
+    """The row-block conversion equals the whole-image ``v >> 8`` (clipped to [0, 65535]) exactly, with blocks
+    that do not divide the height, for 16-bit PNGs and 32-bit integer images with out-of-range values."""
+    import loopdata.decode as decode_module
+
+    monkeypatch.setattr(decode_module, "SIXTEEN_BIT_BLOCK_PIXELS", 7 * 13)  # 7 rows of 13 per block
+    rng = np.random.default_rng(0)
+    grey = rng.integers(0, 65536, size=(30, 13), dtype=np.uint16)
+    out = decode_image(png_16bit(grey))
+    assert torch.equal(out, torch.from_numpy((grey >> 8).astype(np.uint8)).expand(3, -1, -1))
+    wide = rng.integers(-70000, 140000, size=(30, 13), dtype=np.int32)
+    img = decode_module.to_rgb(Image.fromarray(wide, "I"))
+    expected = (np.clip(wide, 0, 65535) >> 8).astype(np.uint8)
+    assert np.array_equal(np.asarray(img)[..., 0], expected) and img.mode == "RGB"
