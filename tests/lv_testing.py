@@ -4,6 +4,9 @@ a top-level ``tests`` package installed by torch-fidelity shadows ``tests.*`` im
 
 from __future__ import annotations
 
+import contextlib
+from pathlib import Path
+
 import torch
 
 import loopdata
@@ -28,3 +31,27 @@ def randomize_(module: torch.nn.Module, std: float = 0.05, seed: int = 0) -> tor
 def data_urls(split: str = "train") -> str:
     """Comma-separated paths of the bundled Kodak shards of ``split``."""
     return ",".join(str(u) for u in loopdata.bundled_kodak_urls(split))
+
+
+@contextlib.contextmanager
+def small_filesystem(path, size_kib: int):
+    """A real, nearly full filesystem for write-failure tests: a ``size_kib`` KiB tmpfs mounted at ``path``
+    (unmounted afterwards). Skips the test, with the reason, where mounting is not permitted (not root, no
+    ``mount``), so such machines still run the size-limit (RLIMIT_FSIZE) variants."""
+    import subprocess
+
+    import pytest
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    try:
+        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kib}k", "tmpfs", str(path)],
+                              capture_output=True, text=True)
+    except OSError as err:
+        pytest.skip(f"cannot mount a tmpfs for a full-disk test: {err}")
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs for a full-disk test: {proc.stderr.strip() or proc.returncode}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)

@@ -17,6 +17,7 @@ raises :class:`CheckpointSaveError` and leaves the earlier checkpoints untouched
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -40,8 +41,52 @@ class CorruptCheckpointError(RuntimeError):
     """A checkpoint directory is incomplete or inconsistent, or a file fails its checksum or cannot be read."""
 
 
-class CheckpointSaveError(RuntimeError):
+class OutputWriteError(OSError):
+    """An output (checkpoint, release, shard, latent, image, metrics file) could not be written: the disk is full,
+    a file size limit was hit, the folder is read-only. The message names the path, the reason and the free space;
+    the writer has removed its partial files and left the previous good state as it was."""
+
+
+class CheckpointSaveError(OutputWriteError):
     """A checkpoint could not be written (e.g. the disk is full); earlier checkpoints are intact."""
+
+
+def free_space(path: str | Path) -> str:
+    """Free space on the filesystem that holds ``path`` (its nearest existing folder), e.g. ``"1.2 MiB free"``."""
+    probe = Path(path).absolute()
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        free = shutil.disk_usage(probe).free
+    except OSError:
+        return "free space unknown"
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if free >= size:
+            return f"{free / size:.1f} {unit} free"
+    return f"{free} bytes free"
+
+
+# errnos a full or limited output filesystem gives (ENOSPC, EFBIG from RLIMIT_FSIZE, EDQUOT, EROFS)
+WRITE_ERRNOS = frozenset(e for e in (errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", None), errno.EROFS) if e)
+
+
+def is_write_failure(err: BaseException) -> bool:
+    """Whether ``err`` (anywhere in its cause chain) is the filesystem refusing a write."""
+    while err is not None:
+        if isinstance(err, OutputWriteError) or (isinstance(err, OSError) and err.errno in WRITE_ERRNOS):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
+def write_failure(path: str | Path, err: BaseException) -> str:
+    """One line for a failed write of ``path``, whatever raised it: an ``OSError`` (ENOSPC, EFBIG, EROFS...) or
+    the ``RuntimeError`` torch's and PIL's writers turn a full disk into."""
+    if isinstance(err, OSError) and err.errno is not None:
+        reason = f"{err.strerror or err} (errno {err.errno})"
+    else:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return f"could not write {path}: {reason}; {free_space(path)} there"
 
 
 @dataclass
@@ -71,12 +116,15 @@ def write_durable(path: Path, data: bytes | str) -> None:
 
 
 def write_atomic(path: str | Path, data: bytes | str) -> None:
-    """Replace ``path`` by ``data`` atomically: a reader sees the old file or the whole new one."""
+    """Replace ``path`` by ``data`` atomically: a reader sees the old file or the whole new one. A failed write
+    raises :class:`OutputWriteError` naming the path and the free space, and leaves the old file."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         write_durable(tmp, data)
         os.replace(tmp, path)
+    except OSError as err:
+        raise OutputWriteError(write_failure(path, err)) from err
     finally:
         if tmp.exists():
             tmp.unlink()
@@ -228,15 +276,15 @@ class CheckpointManager:
                 os.replace(final, old)
             os.replace(tmp, final)
             fsync_dir(self.directory)
-        except OSError as err:
+        except (OSError, RuntimeError) as err:  # torch.save reports a full disk as a RuntimeError
             shutil.rmtree(tmp, ignore_errors=True)
             if old is not None and old.exists() and not final.exists():
                 os.replace(old, final)  # put the earlier copy of this step back
             previous = [p.name for p in self.list_checkpoints()]
             raise CheckpointSaveError(
-                f"could not write checkpoint {final}: {err.strerror or err} (errno {err.errno}). "
-                f"Earlier checkpoints are intact ({', '.join(previous) or 'none yet'}); free disk space or fix "
-                "the folder, then rerun the same command to resume"
+                f"checkpoint: {write_failure(final, err)}. Earlier checkpoints are intact "
+                f"({', '.join(previous) or 'none yet'}); free disk space or fix the folder, then rerun the same "
+                "command to resume"
             ) from err
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)

@@ -15,14 +15,15 @@ from collections.abc import Callable
 import loopdata
 from loopdata import one_line
 
-from .checkpoint import CheckpointSaveError, CorruptCheckpointError
+from .checkpoint import CheckpointSaveError, CorruptCheckpointError, OutputWriteError
 from .config import ConfigError
 from .distributed import RemoteRankError
 from .run_lock import RunLockedError
 
 EXPECTED_ERRORS: tuple[type[BaseException], ...] = (
     ConfigError, FileNotFoundError, FileExistsError, NotADirectoryError, PermissionError, ValueError, KeyError,
-    json.JSONDecodeError, CorruptCheckpointError, CheckpointSaveError, RunLockedError, RemoteRankError,
+    json.JSONDecodeError, CorruptCheckpointError, CheckpointSaveError, OutputWriteError, RunLockedError,
+    RemoteRankError,
     loopdata.CorruptSampleError, loopdata.ShardReadError, loopdata.ShardCountError, loopdata.NoUsableSamplesError,
 )
 

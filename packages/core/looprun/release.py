@@ -34,6 +34,7 @@ from looprun.checkpoint import (
     model_weights,
     sha256_file,
     write_durable,
+    write_failure,
 )
 from looprun.config import RenamedKey, upgrade_renamed_keys
 
@@ -159,13 +160,13 @@ def save_release(
             os.replace(directory, old)
         os.replace(tmp, directory)
         fsync_dir(directory.parent)
-    except OSError as err:
+    except (OSError, RuntimeError) as err:  # safetensors / torch report a full disk as other errors too
         shutil.rmtree(tmp, ignore_errors=True)
         if old.exists() and not directory.exists():
             os.replace(old, directory)
         raise CheckpointSaveError(
-            f"could not write the release {directory}: {err.strerror or err} (errno {err.errno}); free disk space "
-            "and rerun the same command (the finished run resumes at its last step and writes the release)"
+            f"release: {write_failure(directory, err)}; free disk space and rerun the same command (the finished "
+            "run resumes at its last step and writes the release)"
         ) from err
     shutil.rmtree(old, ignore_errors=True)
     return directory

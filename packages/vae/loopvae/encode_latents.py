@@ -36,7 +36,7 @@ from loopdata.latents import FLIP_EXT, LATENT_EXT, METADATA_NAME, npy_bytes
 from loopdata.shards import expand_urls, file_digest, image_member, iter_samples, shard_counts
 from loopdata.transforms import build_transforms, make_options
 from loopdata.writer import TarShardWriter
-from looprun.checkpoint import write_atomic
+from looprun.checkpoint import OutputWriteError, is_write_failure, write_atomic, write_failure
 from looprun.distributed import (
     RemoteRankError,
     barrier,
@@ -168,8 +168,11 @@ def encode_shard(url: str, target: Path, model: torch.nn.Module, options: Encode
             tarfile.open(part, "w").close()
         else:
             (part,) = parts
-    except BaseException:
+    except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)  # a failed shard leaves no partial files behind
+        if is_write_failure(err):
+            raise OutputWriteError(f"{write_failure(target, err)}; the partial shard was removed and the finished "
+                                   "ones are kept: free space and rerun the same command to resume") from err
         raise
     record = {"input": url, "output": target.name, "count": count, "skipped": skipped, "latent_shape": shape,
               "sha256": file_digest(part)[1], **(identity or {})}

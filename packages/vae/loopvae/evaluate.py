@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from tqdm import tqdm
 
 import loopdata
 from loopdata.keys import path_for_key
-from looprun.checkpoint import write_atomic
+from looprun.checkpoint import OutputWriteError, is_write_failure, write_atomic, write_failure
 from looprun.distributed import (
     DistributedContext,
     RemoteRankError,
@@ -100,17 +101,24 @@ def _rank_limit(limit: int | None, ctx: DistributedContext) -> int | None:
 
 
 def _save_png(array: torch.Tensor, path: Path) -> None:
-    Image.fromarray(array.permute(1, 2, 0).cpu().numpy()).save(path)
+    try:
+        Image.fromarray(array.permute(1, 2, 0).cpu().numpy()).save(path)
+    except OSError as err:
+        path.unlink(missing_ok=True)  # PIL leaves a truncated file behind
+        if is_write_failure(err):
+            raise OutputWriteError(write_failure(path, err)) from err
+        raise
 
 
 OUTPUT_SET = ("metrics.json", "per_image.json", "report.md", "grid.png", "images", "eval.log")
 
 
-def clear_previous_outputs(out: Path) -> None:
-    """Remove an earlier evaluation's files from ``out`` (metrics first), so a rerun never leaves a mix."""
-    import shutil
-
+def clear_previous_outputs(out: Path, keep_log: bool = False) -> None:
+    """Remove an earlier evaluation's files from ``out`` (metrics first), so a rerun never leaves a mix
+    (``keep_log``: all but ``eval.log``, after a failed write)."""
     for name in OUTPUT_SET:
+        if keep_log and name == "eval.log":
+            continue
         path = out / name
         if path.is_dir():
             shutil.rmtree(path)
@@ -180,6 +188,10 @@ def _evaluate(checkpoint: str | Path, data: str, out: Path, options: EvalOptions
                                           grid_ref, grid_rec, skipped)
     except Exception as err:  # noqa: BLE001 - re-raised below, after telling the other ranks
         error = err
+        if is_write_failure(err):  # --save-images on a full disk: no half-written image set stays
+            shutil.rmtree(out / "images", ignore_errors=True)
+            error = OutputWriteError(f"{write_failure(out / 'images', err)}; the partial images were removed: free "
+                                     "space or drop --save-images, and rerun")
     raise_if_any_rank_failed(error, "evaluation", ctx)
     total = sum_across_ranks(len(rows), ctx)
     rfid = float(fid.compute()) if fid is not None and total > 1 else None  # compute() is a collective
@@ -203,14 +215,23 @@ def _evaluate(checkpoint: str | Path, data: str, out: Path, options: EvalOptions
     metrics["skipped_corrupt"] = len(all_skipped)
     metrics["skipped"] = all_skipped
     if ctx.is_main:
-        write_atomic(out / "per_image.json", json.dumps(all_rows, indent=2, allow_nan=False))
-        if grid_ref:
-            grid = torchvision.utils.make_grid(torch.stack(grid_ref + grid_rec), nrow=len(grid_ref))
-            _save_png(grid, out / "grid.png")
-        write_atomic(out / "report.md", render_report(metrics, has_grid=bool(grid_ref)))
-        # last: its presence means done
-        write_atomic(out / "metrics.json", json.dumps(metrics, indent=2, allow_nan=False))
+        try:
+            _write_outputs(out, all_rows, metrics, grid_ref, grid_rec)
+        except OutputWriteError:
+            clear_previous_outputs(out, keep_log=True)  # nothing half-written: the set is complete or absent
+            raise
     return metrics
+
+
+def _write_outputs(out: Path, all_rows: list[dict[str, Any]], metrics: dict[str, Any], grid_ref: list,
+                   grid_rec: list) -> None:
+    """per_image.json, grid.png, report.md, then metrics.json (last: its presence means the set is complete)."""
+    write_atomic(out / "per_image.json", json.dumps(all_rows, indent=2, allow_nan=False))
+    if grid_ref:
+        grid = torchvision.utils.make_grid(torch.stack(grid_ref + grid_rec), nrow=len(grid_ref))
+        _save_png(grid, out / "grid.png")
+    write_atomic(out / "report.md", render_report(metrics, has_grid=bool(grid_ref)))
+    write_atomic(out / "metrics.json", json.dumps(metrics, indent=2, allow_nan=False))
 
 
 def _evaluate_batches(loader, model, lpips_model, fid, vpp, quota, options, out, ctx, rows, grid_ref, grid_rec,
