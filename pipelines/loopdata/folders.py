@@ -134,8 +134,10 @@ def scan_folder(root: str | os.PathLike) -> tuple[FolderImage, ...]:
     return _scan(str(path), path.stat().st_mtime_ns)
 
 
-def folder_chunk_urls(root: str | os.PathLike, chunk_size: int = CHUNK_SIZE) -> list[str]:
-    """``folder:<abs root>#<start>-<stop>`` URLs covering every image under ``root``, in order."""
+def folder_chunk_urls(root: str | os.PathLike, chunk_size: int | None = None) -> list[str]:
+    """``folder:<abs root>#<start>-<stop>`` URLs covering every image under ``root``, in order (chunks of
+    ``chunk_size``, default :data:`CHUNK_SIZE`)."""
+    chunk_size = chunk_size or CHUNK_SIZE
     images = scan_folder(root)
     base = Path(root).resolve()
     return [f"{FOLDER_SCHEME}{base}#{i}-{min(i + chunk_size, len(images))}"

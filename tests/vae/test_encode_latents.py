@@ -272,3 +272,50 @@ def test_a_failed_start_creates_no_output_and_a_killed_runs_temporaries_are_remo
     meta = _encode(out, data_urls("val"))
     assert meta["num_samples"] == 4
     assert not stale.exists() and not (out / ".tmp-latents-000000").exists() and live.exists()
+
+
+def _folder_of(tmp_path: Path, names: list[str]) -> Path:
+    """A folder of the bundled kodim21-24 images under the given file names (cycled)."""
+    folder = tmp_path / "images"
+    folder.mkdir(exist_ok=True)
+    sources = [s for s in iter_samples(data_urls("val"))]
+    for i, name in enumerate(names):
+        sample = sources[i % len(sources)]
+        ext = next(k for k in ("jpg", "png") if k in sample)
+        (folder / f"{name}.{ext}").write_bytes(sample[ext])
+    return folder
+
+
+def test_a_changed_folder_is_encoded_again_never_reused(tmp_path: Path) -> None:
+    """Encode 5 images, then rename one, add one and delete one (still 5): the rerun must hold exactly the current
+    images, each once; growing past a chunk boundary re-encodes the shifted chunks and drops none."""
+    folder = _folder_of(tmp_path, ["a", "b", "c", "d", "e"])
+    out = tmp_path / "latents"
+    meta = _encode(out, str(folder))
+    keys = lambda: sorted(s["key"] for s in LatentDataset(out, train=False, normalize=False))  # noqa: E731
+    assert meta["num_samples"] == 5 and keys() == ["a", "b", "c", "d", "e"]
+    renamed = next(folder.glob("b.*"))
+    renamed.rename(folder / f"bb{renamed.suffix}")
+    next(folder.glob("e.*")).unlink()
+    _folder_of(tmp_path, ["f"])
+    meta = _encode(out, str(folder))
+    assert meta["num_samples"] == 5 and meta["resumed_shards"] == [] and keys() == ["a", "bb", "c", "d", "f"]
+    again = _encode(out, str(folder))  # unchanged input: the shard is reused
+    assert again["resumed_shards"] == [meta["shards"][0]]
+
+
+def test_a_folder_growing_past_a_chunk_boundary(tmp_path: Path, monkeypatch) -> None:
+    import loopdata.folders as folders
+
+    monkeypatch.setattr(folders, "CHUNK_SIZE", 3)
+    folder = _folder_of(tmp_path, [f"img{i:02d}" for i in range(6)])
+    out = tmp_path / "latents"
+    assert _encode(out, str(folder))["shard_counts"] == [3, 3]
+    _folder_of(tmp_path, ["aaa_new"])  # sorts first: every chunk shifts
+    meta = _encode(out, str(folder))
+    keys = [s["key"] for s in LatentDataset(out, train=False, normalize=False)]
+    assert meta["shard_counts"] == [3, 3, 1] and sorted(keys) == ["aaa_new"] + [f"img{i:02d}" for i in range(6)]
+    assert len(keys) == len(set(keys))
+    next(folder.glob("aaa_new.*")).unlink()
+    meta = _encode(out, str(folder))
+    assert meta["shard_counts"] == [3, 3] and not (out / "latents-000002.tar").exists()

@@ -208,3 +208,24 @@ def test_bad_settings_are_refused_before_any_file_is_written(tmp_path: Path, ove
                          "--set", *FAST, override]) == 2
     assert message in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_resuming_on_a_folder_whose_files_were_swapped_is_refused_naming_the_change(tmp_path: Path, capsys) -> None:
+    """Same folder, same count: a rewritten or renamed image is other data, and the resume says which."""
+    from loopvae.cli import main as loopvae_main
+
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for i in range(6):
+        (folder / f"img{i}.jpg").write_bytes(jpeg(40, 40, seed=i))
+    args = ["train", "--config", "tiny-stage1", "--data", str(folder), "--out", str(tmp_path / "run"), "--set", *FAST,
+            "max_steps=2", "checkpoint_every=1", "num_workers=0"]
+    assert loopvae_main([*args[:-3], "max_steps=1", "checkpoint_every=1", "num_workers=0"]) == 0
+    (folder / "img3.jpg").write_bytes(jpeg(48, 40, seed=99))  # rewritten in place
+    assert loopvae_main(args) == 2
+    err = capsys.readouterr().err
+    assert "'img3.jpg' changed (size" in err and "other data" in err, err[-1500:]
+    (folder / "img3.jpg").unlink()
+    (folder / "img9.jpg").write_bytes(jpeg(40, 40, seed=3))  # same count, another name
+    assert loopvae_main(args) == 2
+    assert "file 4 was 'img3.jpg', now 'img4.jpg'" in capsys.readouterr().err

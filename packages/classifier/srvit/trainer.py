@@ -25,6 +25,7 @@ from torch.nn.parallel import DistributedDataParallel
 import loopdata
 from loopcore.flops import count_parameters
 from loopcore.softmor import fusion_entropy
+from loopdata.identity import data_identity
 from loopdata.shards import canonical_urls
 from looprun.optimization import EMA, make_scheduler
 from looprun.run_logger import RunLogger
@@ -145,6 +146,7 @@ class Trainer(TrainingLoop):
             self.loss_smoothing = 0.0 if options.mixing else options.label_smoothing
             self.validation: list[dict[str, float]] = []
             self.data_spec = canonical_urls(data)
+            self.data_identity = data_identity(self.data_spec)
             self.resume()
 
     @property

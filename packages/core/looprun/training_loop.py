@@ -23,6 +23,8 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import nn
 
+from loopdata.identity import data_identity, first_set_difference
+
 from .checkpoint import CheckpointManager, CheckpointSaveError, write_atomic
 from .config import ConfigError, save_config, upgrade_renamed_keys
 from .determinism import seed_step, state_digest
@@ -124,6 +126,9 @@ class TrainResult:
     validation: list[dict[str, float]] = field(default_factory=list)  # per validation: step and metrics
 
 
+DATA_IDENTITY_FILE = "data_identity.json"  # in the run folder: what the data held when the run started
+
+
 class TrainingLoop:
     """Base of a training run (see module docstring).
 
@@ -154,6 +159,8 @@ class TrainingLoop:
         self.resumed_from: Path | None = None
         self.loader: TrainingLoader | None = None  # set by the subclass before resume()
         self.data_spec: list[str] | None = None  # the shards trained on (set by the subclass), checked on resume
+        # what they hold (loopdata.identity: shard size/mtime, folder chunk file lists), checked on resume too
+        self.data_identity: list[dict[str, Any]] | None = None
 
     @contextmanager
     def abandon_on_error(self) -> Iterator[None]:
@@ -236,6 +243,9 @@ class TrainingLoop:
             self.check_resumable(loaded.metadata)
         if self.ctx.is_main:
             save_config(self.config, self.run_dir / "config.yaml")
+            if loaded is None and self.data_identity is not None:  # the full file lists, to name a later change
+                write_atomic(self.run_dir / DATA_IDENTITY_FILE, json.dumps(
+                    data_identity(self.data_spec, compact=False), allow_nan=False))
         if loaded is None:
             return
         self.load_model_state(loaded.state)
@@ -262,6 +272,14 @@ class TrainingLoop:
         if metadata.get("data") is not None and self.data_spec is not None and metadata["data"] != self.data_spec:
             problems.append(f"data: {len(metadata['data'])} shard(s) {metadata['data'][:2]}... in the checkpoint, "
                             f"{len(self.data_spec)} shard(s) {self.data_spec[:2]}... now")
+        if not problems and metadata.get("data_identity") and self.data_identity is not None:
+            difference = first_set_difference(metadata["data_identity"], self.data_identity)
+            full = self.run_dir / DATA_IDENTITY_FILE
+            if difference is not None and full.is_file():  # name the file, not just the chunk
+                difference = first_set_difference(json.loads(full.read_text()),
+                                                  data_identity(self.data_spec, compact=False)) or difference
+            if difference is not None:
+                problems.append(f"data: {difference} (the same shards or folder now hold other data)")
         if problems:
             raise ConfigError(
                 f"{self.run_dir} holds a run with another configuration; resuming would silently change it:\n  "
@@ -303,7 +321,8 @@ class TrainingLoop:
         error = None
         try:
             path = self.checkpoints.save(self.step, state, {"reason": reason, "config": asdict(self.config),
-                                                            "data": self.data_spec})
+                                                            "data": self.data_spec,
+                                                            "data_identity": self.data_identity})
         except CheckpointSaveError as err:
             error, path = err, None
         if any_rank(error is not None, self.ctx):

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from loopdata.decode import DecodeError, decode_image
+from loopdata.identity import first_difference, source_identity
 from loopdata.latents import FLIP_EXT, LATENT_EXT, METADATA_NAME, npy_bytes
 from loopdata.shards import expand_urls, file_digest, image_member, iter_samples, shard_counts
 from loopdata.transforms import build_transforms, make_options
@@ -103,6 +104,7 @@ def _latents(model: torch.nn.Module, images: torch.Tensor, keys: list[str], samp
 def encode_shard(url: str, target: Path, model: torch.nn.Module, options: EncodeOptions,
                  device: torch.device, identity: dict[str, Any] | None = None, ctx=None) -> dict[str, Any]:
     """Encode one input shard into ``target`` (written under a temporary name, then renamed)."""
+    source = source_identity(url)  # taken before reading: a file changed meanwhile makes the next run redo this shard
     transforms = build_transforms("reconstruction", False, options.resolution, make_options("reconstruction"))
     dtype = {"float32": np.float32, "float16": np.float16}[options.dtype]
     tmp = target.parent / f".tmp-{target.stem}"
@@ -175,7 +177,7 @@ def encode_shard(url: str, target: Path, model: torch.nn.Module, options: Encode
                                    "ones are kept: free space and rerun the same command to resume") from err
         raise
     record = {"input": url, "output": target.name, "count": count, "skipped": skipped, "latent_shape": shape,
-              "sha256": file_digest(part)[1], **(identity or {})}
+              "sha256": file_digest(part)[1], "source": source, **(identity or {})}
     # The record goes down before the shard's rename: a shard that exists always has its record.
     write_atomic(_record_path(target), json.dumps(record, allow_nan=False))
     os.replace(part, target)
@@ -202,6 +204,21 @@ def remove_stale_temporaries(out: Path) -> list[Path]:
     return removed
 
 
+def remove_outputs_beyond(out: Path, count: int) -> list[str]:
+    """Delete the latent shards (and their records) of an earlier run whose input no longer exists (the data now
+    has ``count`` shards or folder chunks): a latent set holds only what its latents.json lists."""
+    removed = []
+    for path in sorted(out.glob("latents-*.tar")):
+        index = path.stem.rsplit("-", 1)[-1]
+        if index.isdigit() and int(index) >= count:
+            path.unlink()
+            _record_path(path).unlink(missing_ok=True)
+            removed.append(path.name)
+    if removed:
+        log.info("removed %d latent shard(s) of inputs that no longer exist: %s", len(removed), removed[:5])
+    return removed
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -225,6 +242,14 @@ def _finished_shard(target: Path, url: str, identity: dict[str, Any]) -> dict[st
     if record.get("input") != url:
         raise ValueError(f"{target} was encoded from {record.get('input')}, not {url}: --data changed since the "
                          "earlier run; use a new --out")
+    # the same input URL may now hold other files (a folder chunk after a rename, an added or deleted image, a
+    # rewritten shard): such a shard is encoded again, never reused
+    source = source_identity(url)
+    difference = ("it records no input identity (written by an older loopvae encode)" if "source" not in record
+                  else first_difference(record["source"], source))
+    if difference is not None:
+        log.info("%s: its input changed since it was encoded (%s); encoding it again", target.name, difference)
+        return None
     changed = sorted(k for k, v in identity.items() if record.get(k) != v)
     if changed:
         raise ValueError(f"{target} was encoded with other {', '.join(changed)} ("
@@ -279,6 +304,7 @@ def encode_dataset(checkpoint: str | Path, data: str, out_dir: str | Path, optio
                          f"{skipped[:3]}); no {METADATA_NAME} written to {out}")
     meta: dict[str, Any] = {}
     if ctx.is_main:
+        remove_outputs_beyond(out, len(urls))
         meta = _metadata(loaded, model, data, urls, all_records, options, time.perf_counter() - started, out)
         write_atomic(out / METADATA_NAME, json.dumps(meta, indent=2, allow_nan=False))
     barrier(ctx)
@@ -316,6 +342,10 @@ def _metadata(loaded, model, data: str, urls: list[str], records: list[dict[str,
                          for r in records},
         "resumed_shards": [r["output"] for r in records if r.get("resumed")],
         "inputs": {r["output"]: r["input"] for r in records},
+        # what each shard was made from (a folder chunk's files with size and mtime; a shard's size and mtime)
+        # (compact: a folder chunk's file list as a digest; each shard's .json record keeps the full list)
+        "sources": {r["output"]: {k: v for k, v in (r.get("source") or {}).items() if k != "files"}
+                    for r in records},
         "options": asdict(options), "seconds": round(seconds, 2), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "preprocessing": f"shorter side resized to {options.resolution} (bicubic, antialiased), centre crop "
                          f"{options.resolution}², [-1, 1] (as loopvae eval)",

@@ -23,6 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import loopdata
 from loopcore.flops import count_macs
+from loopdata.identity import data_identity
 from loopdata.shards import canonical_urls
 from looprun.checkpoint import write_atomic
 from looprun.distributed import average_gradients
@@ -242,6 +243,7 @@ class Trainer(TrainingLoop):
                 scale=tuple(config.scale_jitter), hflip=config.hflip,
             )
             self.data_spec = canonical_urls(data)
+            self.data_identity = data_identity(self.data_spec)
             self.d_steps = 0
             # the learning curve: one entry per validation; train_seconds is the CPU time of the optimisation
             # steps alone (time.process_time: every thread of this process, data loading in it included)
