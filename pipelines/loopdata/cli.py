@@ -19,6 +19,7 @@ import os
 import re
 import sys
 from collections import defaultdict
+from pathlib import Path
 
 from tqdm import tqdm
 
@@ -157,6 +158,20 @@ def _write(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
+    if len(args.urls) == 1 and (Path(args.urls[0]) / "latents.json").is_file():  # a `loopvae encode` output
+        from .latents import check_latent_set
+
+        latent = check_latent_set(args.urls[0])
+        if args.json:
+            print(json.dumps(latent, indent=2))
+        else:
+            checks = "counts and sha256" if latent["checksums"] else "counts (no sha256 recorded)"
+            print(f"{latent['folder']}: latent shard set, {latent['num_samples']} samples in {latent['num_shards']} "
+                  f"shard(s); checked {checks}, every latent's shape and values")
+            for problem in latent["problems"][:50]:
+                print(f"  PROBLEM {problem}")
+            print("OK" if not latent["problems"] else f"{len(latent['problems'])} problem(s)")
+        return 0 if not latent["problems"] else 1
     report = check_shards(
         expand_urls(args.urls), decode=not args.no_decode, num_classes=args.num_classes, workers=args.workers,
         max_pixels=args.max_pixels, progress=not args.no_progress,

@@ -173,6 +173,54 @@ def verify_latent_shards(folder: str | Path, meta: dict[str, Any] | None = None,
     return counts
 
 
+def check_latent_set(folder: str | Path) -> dict[str, Any]:
+    """``loopdata check`` on a latent shard set: ``latents.json`` readable; every shard present with its recorded
+    sample count and sha256 (when recorded); every sample holding a readable ``.latent.npy`` (and ``.latent_flip.npy``
+    when the set has flips) of the recorded shape with finite values. Returns ``{"folder", "num_samples",
+    "num_shards", "checksums", "problems": [...]}``; an empty ``problems`` list means the set is sound."""
+    folder = Path(folder)
+    report: dict[str, Any] = {"folder": str(folder), "num_samples": 0, "num_shards": 0, "checksums": False,
+                              "problems": []}
+    try:
+        meta = read_metadata(folder)
+    except (ValueError, FileNotFoundError) as err:
+        report["problems"].append(str(err))
+        return report
+    report["num_shards"] = len(meta["shards"])
+    report["checksums"] = bool(meta.get("shard_sha256"))
+    try:
+        verify_latent_shards(folder, meta, checksums=report["checksums"])
+    except ValueError as err:
+        report["problems"].append(str(err))
+    shape = tuple(meta["latent_shape"])
+    members = [LATENT_EXT] + ([FLIP_EXT] if meta.get("flip") else [])
+    for name in meta["shards"]:
+        url = folder / name
+        if not url.is_file():
+            continue
+        try:
+            for sample in iter_samples(str(url)):
+                report["num_samples"] += 1
+                where = f"{url}: sample {sample['__key__']!r}"
+                for ext in members:
+                    if ext not in sample:
+                        report["problems"].append(f"{where}: no .{ext} member")
+                        continue
+                    try:
+                        array = load_npy(sample[ext], where)
+                    except ValueError as err:
+                        report["problems"].append(str(err))
+                        continue
+                    if tuple(array.shape) != shape:
+                        report["problems"].append(f"{where}: .{ext} has shape {tuple(array.shape)}, latents.json "
+                                                  f"records {list(shape)}")
+                    elif not np.isfinite(array).all():
+                        report["problems"].append(f"{where}: .{ext} holds NaN or infinite values")
+        except Exception as err:  # noqa: BLE001 - a damaged tar is a finding, not a crash
+            report["problems"].append(f"{url}: unreadable ({err})")
+    return report
+
+
 def denormalize(z: torch.Tensor, meta: dict[str, Any]) -> torch.Tensor:
     """Diffusion-model latents ``(B, C, h, w)`` -> the tokenizer's latent space (``vae.decode`` input)."""
     return LatentNormalization.from_metadata(meta).denormalize(z)

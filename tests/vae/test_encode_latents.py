@@ -319,3 +319,21 @@ def test_a_folder_growing_past_a_chunk_boundary(tmp_path: Path, monkeypatch) -> 
     next(folder.glob("aaa_new.*")).unlink()
     meta = _encode(out, str(folder))
     assert meta["shard_counts"] == [3, 3] and not (out / "latents-000002.tar").exists()
+
+
+def test_loopdata_check_verifies_a_latent_shard_set(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from loopdata.cli import main as loopdata_main
+
+    out = tmp_path / "latents"
+    meta = _encode(out, data_urls("val"))
+    capsys.readouterr()
+    assert loopdata_main(["check", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "latent shard set, 4 samples in 1 shard(s); checked counts and sha256" in text and "OK" in text
+    shard = out / meta["shards"][0]
+    raw = bytearray(shard.read_bytes())
+    raw[2000:2600] = bytes(600)
+    shard.write_bytes(bytes(raw))
+    assert loopdata_main(["check", str(out), "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert any("sha256" in p for p in report["problems"]) and report["num_samples"] == 4
