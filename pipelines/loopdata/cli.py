@@ -158,10 +158,14 @@ def _write(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
+    urls = expand_urls(args.urls)
+    folders = {Path(u).parent for u in urls} if all(Path(u).is_file() for u in urls) else set()
     if len(args.urls) == 1 and (Path(args.urls[0]) / "latents.json").is_file():  # a `loopvae encode` output
+        folders = {Path(args.urls[0])}
+    if len(folders) == 1 and (next(iter(folders)) / "latents.json").is_file():
         from .latents import check_latent_set
 
-        latent = check_latent_set(args.urls[0])
+        latent = check_latent_set(next(iter(folders)))
         if args.json:
             print(json.dumps(latent, indent=2))
         else:
@@ -173,7 +177,7 @@ def _check(args: argparse.Namespace) -> int:
             print("OK" if not latent["problems"] else f"{len(latent['problems'])} problem(s)")
         return 0 if not latent["problems"] else 1
     report = check_shards(
-        expand_urls(args.urls), decode=not args.no_decode, num_classes=args.num_classes, workers=args.workers,
+        urls, decode=not args.no_decode, num_classes=args.num_classes, workers=args.workers,
         max_pixels=args.max_pixels, progress=not args.no_progress,
     )
     print(json.dumps(report.to_dict(), indent=2) if args.json else report.format_text())

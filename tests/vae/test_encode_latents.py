@@ -331,6 +331,8 @@ def test_loopdata_check_verifies_a_latent_shard_set(tmp_path: Path, capsys: pyte
     text = capsys.readouterr().out
     assert "latent shard set, 4 samples in 1 shard(s); checked counts and sha256" in text and "OK" in text
     shard = out / meta["shards"][0]
+    assert loopdata_main(["check", str(shard)]) == 0  # a shard of the set is checked as a latent shard
+    assert "latent shard set" in capsys.readouterr().out
     raw = bytearray(shard.read_bytes())
     raw[2000:2600] = bytes(600)
     shard.write_bytes(bytes(raw))
