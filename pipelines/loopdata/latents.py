@@ -17,6 +17,7 @@ once, in order, for evaluation; :func:`denormalize` undoes the normalisation bef
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import random
@@ -193,6 +194,8 @@ def check_latent_set(folder: str | Path) -> dict[str, Any]:
     except ValueError as err:
         report["problems"].append(str(err))
     shape = tuple(meta["latent_shape"])
+    if meta.get("moments"):
+        shape = (2 * shape[0], *shape[1:])
     members = [LATENT_EXT] + ([FLIP_EXT] if meta.get("flip") else [])
     for name in meta["shards"]:
         url = folder / name
@@ -261,11 +264,25 @@ class LatentDataset(IterableDataset):
         else:
             self.counts = shard_counts(self.urls)
         self.shape = tuple(self.meta["latent_shape"])
+        self.moments = bool(self.meta.get("moments"))
+        self.stored_shape = (2 * self.shape[0], *self.shape[1:]) if self.moments else self.shape
         self.train, self.rank, self.world_size, self.seed = train, rank, world_size, seed
         self.flip_prob = flip_prob if self.meta.get("flip") else 0.0
         self.shuffle_buffer = shuffle_buffer
         self.norm = LatentNormalization.from_metadata(self.meta, str(folder / METADATA_NAME)) if normalize else None
         self.epoch = 0
+
+    def _draw(self, moments: torch.Tensor, key: str, flip: bool) -> torch.Tensor:
+        """A latent from cached moments ``[mean; log-variance]``: in training a fresh sample per epoch and key
+        (``z = mean + exp(logvar / 2) * eps``, ``eps`` seeded by ``(seed, epoch, key, flip)``: reproducible, and
+        different every epoch, as MAR / REPA resample their cached moments); in evaluation the mean."""
+        mean, logvar = moments.chunk(2, dim=0)
+        if not self.train:
+            return mean
+        digest = hashlib.sha256(f"{self.seed}-{self.epoch}-{key}-{int(flip)}".encode()).digest()
+        generator = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little"))
+        std = torch.exp(0.5 * logvar.clamp(-30.0, 20.0))  # the clamp diffusers' DiagonalGaussianDistribution uses
+        return mean + std * torch.randn(mean.shape, generator=generator)
 
     def set_epoch(self, epoch: int) -> None:
         """Training: the shard order and the shuffles of the next iteration depend on ``epoch``."""
@@ -294,11 +311,13 @@ class LatentDataset(IterableDataset):
         if ext not in sample:
             raise ValueError(f"{where} has no .{ext} member (members: {sorted(k for k in sample if k[0] != '_')})")
         array = load_npy(sample[ext], where)
-        if tuple(array.shape) != self.shape:
+        if tuple(array.shape) != self.stored_shape:
             raise ValueError(f"{where}: .{ext} has shape {tuple(array.shape)}, but {METADATA_NAME} records "
-                             f"latent_shape {list(self.shape)}: the shard set mixes latents of different tokenizers "
-                             "or resolutions")
+                             f"latent_shape {list(self.shape)}{' as moments' if self.moments else ''}: the shard set "
+                             "mixes latents of different tokenizers or resolutions")
         z = torch.from_numpy(array.astype(np.float32))
+        if self.moments:
+            z = self._draw(z, sample["__key__"], flip)
         item: dict[str, Any] = {"latent": self.norm.normalize(z) if self.norm is not None else z,
                                 "key": sample["__key__"], "flipped": flip}
         if "cls" in sample:

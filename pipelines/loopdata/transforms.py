@@ -60,13 +60,18 @@ class ReconstructionOptions:
             ``s ~ U(scale)`` before the random crop. Both values must be >= 1.
         hflip: horizontal-flip probability in training.
         draft: decode JPEGs at reduced DCT scale when that keeps the shorter side >= the resize target
-            (faster; pixel values differ slightly from a full decode). ``False`` for bit-exact
-            agreement with a plain PIL/torchvision pipeline.
+            (faster; pixel values differ from a full decode by up to ~28 uint8 levels). Off by default: every
+            measurement and encoding decodes fully; training may opt in for throughput.
+        preprocess: how an evaluation image becomes its ``resolution``² reference: ``resize-crop`` (shorter side
+            resized with antialiased bicubic, centre crop) or ``adm`` (ADM's ``center_crop_arr``, the protocol of
+            DiT / SiT / REPA / MAR / LightningDiT: halve with a box filter while the shorter side is >= 2x the
+            target, then PIL bicubic to the target, then a centre crop). Evaluation only.
     """
 
     scale: tuple[float, float] = (1.0, 1.0)
     hflip: float = 0.5
-    draft: bool = True
+    draft: bool = False
+    preprocess: str = "resize-crop"
 
 
 @dataclass(frozen=True)
@@ -213,6 +218,8 @@ def make_options(task: str, **overrides: object) -> ReconstructionOptions | Clas
     """Build the options dataclass of ``task`` from keyword overrides, rejecting unknown names."""
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; choose one of {TASKS}")
+    if task == "reconstruction" and overrides.get("preprocess", "resize-crop") not in PREPROCESSING:
+        raise ValueError(f"preprocess {overrides['preprocess']!r}: choose one of {', '.join(PREPROCESSING)}")
     cls = ReconstructionOptions if task == "reconstruction" else ClassificationOptions
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(overrides) - names)
@@ -298,10 +305,52 @@ def _reconstruction(train: bool, res: int, opt: ReconstructionOptions) -> TaskTr
             v2.RandomHorizontalFlip(opt.hflip),
         ]
         draft = hi_px
+    elif opt.preprocess == "adm":
+        steps = [AdmCenterCrop(res)]
+        draft = None  # ADM decodes fully and downsamples with its own box filter
     else:
         steps = [v2.Resize(res, interpolation=BICUBIC, antialias=True), v2.CenterCrop(res)]
         draft = res
     return TaskTransforms(v2.Compose(steps), half, draft_size=draft if opt.draft else None, options=opt)
+
+
+PREPROCESSING = ("resize-crop", "adm")
+
+
+def describe_preprocessing(options: ReconstructionOptions, resolution: int) -> dict[str, object]:
+    """What an evaluation records about its references (metrics.json's ``preprocessing``)."""
+    if options.preprocess == "adm":
+        resample = "box filter halving while the shorter side >= 2x the target, then PIL bicubic (ADM center_crop_arr)"
+    else:
+        resample = "shorter side resized with antialiased bicubic (torchvision)"
+    return {"method": options.preprocess, "resolution": resolution, "resample": resample, "crop": "centre",
+            "jpeg_draft": bool(options.draft) and options.preprocess != "adm"}
+
+
+class AdmCenterCrop:
+    """ADM's centre crop (Dhariwal & Nichol 2021, ``center_crop_arr``) on a uint8 ``(3, H, W)`` tensor.
+
+    While the shorter side is at least twice ``size``, the image is halved (integer division of both sides) with
+    PIL's box filter; then it is resized with PIL's bicubic filter so that the shorter side is ``size`` (both
+    sides scaled and rounded), and the centre ``size``² is cut out (offsets rounded down). The references of the
+    tokenizer papers that generate with DiT-family models are made this way; numbers are comparable only under
+    the same crop.
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+        from PIL import Image
+
+        pil = Image.fromarray(image.permute(1, 2, 0).contiguous().numpy())
+        while min(pil.size) >= 2 * self.size:
+            pil = pil.resize((pil.width // 2, pil.height // 2), resample=Image.BOX)
+        scale = self.size / min(pil.size)
+        pil = pil.resize((round(pil.width * scale), round(pil.height * scale)), resample=Image.BICUBIC)
+        top, left = (pil.height - self.size) // 2, (pil.width - self.size) // 2
+        pil = pil.crop((left, top, left + self.size, top + self.size))
+        return torch.from_numpy(np.asarray(pil).copy()).permute(2, 0, 1).contiguous()
 
 
 def _classification(train: bool, res: int, opt: ClassificationOptions) -> TaskTransforms:

@@ -339,3 +339,32 @@ def test_loopdata_check_verifies_a_latent_shard_set(tmp_path: Path, capsys: pyte
     assert loopdata_main(["check", str(out), "--json"]) == 1
     report = json.loads(capsys.readouterr().out)
     assert any("sha256" in p for p in report["problems"]) and report["num_samples"] == 4
+
+
+def test_moments_round_trip_and_per_epoch_resampling(vae: LoopVAE, tmp_path: Path) -> None:
+    """--moments stores [mean; log-variance]; the training reader draws z = mean + std * eps, reproducible per
+    (seed, epoch, key) and new every epoch; the evaluation reader gives the mean, i.e. the plain encode's latent."""
+    moments = _encode(tmp_path / "m", data_urls("val"), "--moments")
+    means = _encode(tmp_path / "mean", data_urls("val"))
+    assert moments["moments"] and moments["posterior"] == "moments" and moments["latent_shape"] == means["latent_shape"]
+    plain = {s["key"]: s["latent"] for s in LatentDataset(tmp_path / "mean", train=False, normalize=False)}
+    evaluated = {s["key"]: s["latent"] for s in LatentDataset(tmp_path / "m", train=False, normalize=False)}
+    for key, z in plain.items():
+        assert torch.allclose(evaluated[key], z, atol=1e-6)
+
+    def draws(epoch: int) -> dict:
+        ds = LatentDataset(tmp_path / "m", train=True, normalize=False, flip_prob=0.0, seed=7)
+        ds.set_epoch(epoch)
+        return {s["key"]: s["latent"] for s in ds}
+
+    first, again, other = draws(0), draws(0), draws(1)
+    images = next(iter(loopdata.make_loader(data_urls("val"), task="reconstruction", train=False, batch_size=4,
+                                            num_workers=0, resolution=RES, rank=0, world_size=1)))
+    with torch.no_grad():
+        std = vae.encode(images["image"]).latent_dist.std
+    for i, key in enumerate(images["key"]):
+        assert torch.equal(first[key], again[key]) and not torch.equal(first[key], other[key])
+        eps = (first[key] - plain[key]) / std[i]
+        assert abs(float(eps.mean())) < 0.2 and 0.8 < float(eps.std()) < 1.2  # a standard-normal draw
+    assert loopvae_main(["encode", "--checkpoint", str(bundled_model_dir()), "--data", data_urls("val"), "--out",
+                         str(tmp_path / "bad"), "--resolution", str(RES), "--moments", "--sample"]) == 2

@@ -76,6 +76,13 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--skip-corrupt", action="store_true",
                    help="skip undecodable or oversized images (counted in metrics.json as skipped_corrupt) "
                         "instead of stopping at the first one")
+    p.add_argument("--preprocess", choices=("resize-crop", "adm"), default="resize-crop",
+                   help="how an image becomes its resolution² input: resize-crop (shorter side, antialiased bicubic, "
+                        "centre crop; the default) or adm (ADM's center_crop_arr: box-halving, PIL bicubic, centre "
+                        "crop; the protocol DiT/SiT/REPA/MAR/LightningDiT numbers use)")
+    p.add_argument("--save-npz", action="store_true",
+                   help="also write the uint8 reconstructions and references as .npz batches in the ADM evaluator's "
+                        "layout (OUT/npz/reconstructions.npz, references.npz: arr_0 of shape (N, H, W, 3))")
     p.add_argument("--fid-weights", default=None, help="torch-fidelity Inception weights (default: torch hub cache)")
     p.add_argument("--require-fid", action="store_true", help="fail instead of reporting rfid: null")
     p.add_argument("--lpips-net", choices=("vgg", "alex", "none"), default="alex",
@@ -100,7 +107,7 @@ def _eval(args: argparse.Namespace) -> int:
         lpips_weights=args.lpips_weights, lpips_random_backbone=args.lpips_random_backbone,
         require_lpips=args.require_lpips, save_images=args.save_images, device=args.device,
         skip_corrupt=args.skip_corrupt, weights=args.weights, dtype=args.dtype, progress=not args.no_progress,
-        memory_format=args.memory_format, compile=args.compile,
+        memory_format=args.memory_format, compile=args.compile, preprocess=args.preprocess, save_npz=args.save_npz,
     )
     from looprun.distributed import shutdown_distributed
 
@@ -156,6 +163,10 @@ def _add_latent_stats(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the posterior samples")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    p.add_argument("--preprocess", choices=("resize-crop", "adm"), default="resize-crop",
+                   help="how an image becomes its resolution² input: resize-crop (shorter side, antialiased bicubic, "
+                        "centre crop; the default) or adm (ADM's center_crop_arr: box-halving, PIL bicubic, centre "
+                        "crop; the protocol DiT/SiT/REPA/MAR/LightningDiT numbers use)")
     p.add_argument("--dry-run", action="store_true", help="print the estimate without writing config.json")
     p.add_argument("--per-channel", action="store_true",
                    help="also write per-channel latents_mean / latents_std (LoopVAE configs; scaling_factor becomes 1)")
@@ -169,7 +180,7 @@ def _latent_stats(args: argparse.Namespace) -> int:
     stats, written = latent_stats(
         args.checkpoint, args.data, args.resolution, args.limit, args.batch_size, args.num_workers, args.posterior,
         args.seed, args.device, args.dtype, write=not args.dry_run, progress=not args.no_progress,
-        per_channel=args.per_channel,
+        per_channel=args.per_channel, preprocess=args.preprocess,
     )
     where = f" -> {written}" if written else " (dry run: nothing written)"
     print(f"{stats.num_images} images: shift_factor {stats.shift_factor:.6f}, scaling_factor "
@@ -246,6 +257,13 @@ def _add_encode(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=positive_int, default=16)
     p.add_argument("--sample", action="store_true",
                    help="store one posterior sample per image (seeded by its key) instead of the posterior mean")
+    p.add_argument("--preprocess", choices=("resize-crop", "adm"), default="resize-crop",
+                   help="how an image becomes its resolution² input: resize-crop (shorter side, antialiased bicubic, "
+                        "centre crop; the default) or adm (ADM's center_crop_arr: box-halving, PIL bicubic, centre "
+                        "crop; the protocol DiT/SiT/REPA/MAR/LightningDiT numbers use)")
+    p.add_argument("--moments", action="store_true",
+                   help="store the posterior mean and log-variance (2C channels) instead of one latent; the latent "
+                        "reader draws a new sample per epoch and key (the MAR / REPA cache)")
     p.add_argument("--flip", action="store_true", help="also store the horizontally flipped image's latent")
     p.add_argument("--latent-dtype", choices=("float32", "float16"), default="float32",
                    help="dtype of the stored latents")
@@ -264,7 +282,8 @@ def _encode(args: argparse.Namespace) -> int:
     try:
         meta = encode_dataset(args.checkpoint, args.data, args.out, EncodeOptions(
             resolution=args.resolution, batch_size=args.batch_size, sample=args.sample, flip=args.flip,
-            dtype=args.latent_dtype, weights=args.weights, device=args.device, skip_corrupt=args.skip_corrupt))
+            dtype=args.latent_dtype, weights=args.weights, device=args.device, skip_corrupt=args.skip_corrupt,
+            preprocess=args.preprocess, moments=args.moments))
     finally:  # as in _eval: destroy the process group before the interpreter exits
         shutdown_distributed()
     print(f"{meta['num_samples']} latents {meta['latent_shape']} in {len(meta['shards'])} shard(s) -> {args.out} "
@@ -292,6 +311,10 @@ def _add_compare(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pairing", choices=("auto", "paired", "welch"), default="auto",
                    help="auto: paired by seed when both arms' checkpoints record the same seed, data, crop and batch "
                         "(same crops in the same order), else Welch")
+    p.add_argument("--preprocess", choices=("resize-crop", "adm"), default="resize-crop",
+                   help="how an image becomes its resolution² input: resize-crop (shorter side, antialiased bicubic, "
+                        "centre crop; the default) or adm (ADM's center_crop_arr: box-halving, PIL bicubic, centre "
+                        "crop; the protocol DiT/SiT/REPA/MAR/LightningDiT numbers use)")
     p.add_argument("--lpips-net", choices=("vgg", "alex", "none"), default="none",
                    help="add LPIPS per image (needs its backbone weights; see README)")
     p.add_argument("--lpips-weights", default=None)
@@ -319,7 +342,7 @@ def _compare(args: argparse.Namespace) -> int:
         resolution=args.resolution, limit=args.limit, batch_size=args.batch_size, num_workers=args.num_workers,
         lpips_net=args.lpips_net, lpips_weights=args.lpips_weights, fid_weights=args.fid_weights, device=args.device,
         pairing=args.pairing, pairs=pairs, progress=not args.no_progress, weights=args.weights,
-        skip_corrupt=args.skip_corrupt)
+        skip_corrupt=args.skip_corrupt, preprocess=args.preprocess)
     result = compare(arms, args.data, args.out, options)
     for arm in result["arms"]:
         print(f"{arm['name']}: {len(arm['checkpoints'])} seed(s), PSNR {arm['psnr']:.2f} dB, SSIM {arm['ssim']:.4f}, "

@@ -66,6 +66,7 @@ class CompareOptions:
     progress: bool = True
     weights: str = "ema"
     skip_corrupt: bool = False
+    preprocess: str = "resize-crop"  # or "adm" (see loopvae eval --preprocess)
     extra: dict[str, Any] = field(default_factory=dict)  # recorded in protocol (e.g. the study's budget)
 
 
@@ -99,6 +100,8 @@ def _evaluate_once(checkpoint: str, data: str, target: Path, options: CompareOpt
         old = json.loads(metrics_file.read_text())
         weights = load_tokenizer(checkpoint, options.weights).weights_sha256
         same = (old["data"] == {"urls": data, "resolution": options.resolution, "limit": options.limit}
+                and old.get("preprocessing", {}).get("method") == options.preprocess
+                and not old.get("preprocessing", {}).get("jpeg_draft", True)
                 and {k.removeprefix("model/"): v for k, v in old["weights_sha256"].items()
                      if k.startswith("model/")} == weights)
         if same:
@@ -107,7 +110,7 @@ def _evaluate_once(checkpoint: str, data: str, target: Path, options: CompareOpt
         resolution=options.resolution, limit=options.limit, batch_size=options.batch_size,
         num_workers=options.num_workers, fid_weights=options.fid_weights, lpips_net=options.lpips_net,
         lpips_weights=options.lpips_weights, device=options.device, progress=options.progress,
-        weights=options.weights, skip_corrupt=options.skip_corrupt, grid_images=4))
+        weights=options.weights, skip_corrupt=options.skip_corrupt, grid_images=4, preprocess=options.preprocess))
 
 
 def _architecture(checkpoint: str, resolution: int, weights: str) -> dict[str, Any]:
@@ -182,7 +185,11 @@ def compare(arms: dict[str, list[str]], data: str, out_dir: str | Path, options:
             rows = sorted(json.loads((target / "per_image.json").read_text()), key=lambda r: (r["shard"], r["key"]))
             evaluated[name].append(SeedEvaluation(ckpt, rows, _architecture(ckpt, options.resolution, options.weights),
                                                   metrics["lpips"], metrics["baseline"]["low_resolution"]))
-    protocol = {"data": data, "resolution": options.resolution, "limit": options.limit, "weights": options.weights}
+    from loopdata.transforms import describe_preprocessing, make_options
+
+    protocol = {"data": data, "resolution": options.resolution, "limit": options.limit, "weights": options.weights,
+                "preprocessing": describe_preprocessing(make_options("reconstruction", preprocess=options.preprocess),
+                                                        options.resolution)}
     result = summarise(evaluated, options, protocol)
     write_outputs(result, out)
     return result

@@ -35,7 +35,7 @@ from loopdata.decode import DecodeError, decode_image
 from loopdata.identity import first_difference, source_identity
 from loopdata.latents import FLIP_EXT, LATENT_EXT, METADATA_NAME, npy_bytes
 from loopdata.shards import expand_urls, file_digest, image_member, iter_samples, shard_counts
-from loopdata.transforms import build_transforms, make_options
+from loopdata.transforms import build_transforms, describe_preprocessing, make_options
 from loopdata.writer import TarShardWriter
 from looprun.checkpoint import OutputWriteError, is_write_failure, write_atomic, write_failure
 from looprun.distributed import (
@@ -65,6 +65,8 @@ class EncodeOptions:
     weights: str = "ema"
     device: str = "auto"
     skip_corrupt: bool = False  # skip (and list) undecodable images instead of failing
+    preprocess: str = "resize-crop"  # or "adm" (ADM's center_crop_arr); JPEGs are decoded fully
+    moments: bool = False  # store the posterior's mean and log-variance (2C, h, w); the reader samples per access
 
 
 def output_name(index: int) -> str:
@@ -80,7 +82,8 @@ def run_identity(loaded, options: EncodeOptions) -> dict[str, Any]:
     """What an output shard depends on: the tokenizer's weights and the options that change the latents. A
     rerun into the same folder reuses a finished shard only when these are equal."""
     return {"weights_sha256": loaded.weights_sha256, "resolution": options.resolution, "sample": options.sample,
-            "flip": options.flip, "dtype": options.dtype, "weights": options.weights}
+            "flip": options.flip, "dtype": options.dtype, "weights": options.weights,
+            "preprocess": options.preprocess, "moments": options.moments}
 
 
 def _key_generator(key: str, device: torch.device) -> torch.Generator:
@@ -88,10 +91,13 @@ def _key_generator(key: str, device: torch.device) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(seed)
 
 
-def _latents(model: torch.nn.Module, images: torch.Tensor, keys: list[str], sample: bool) -> torch.Tensor:
+def _latents(model: torch.nn.Module, images: torch.Tensor, keys: list[str], sample: bool,
+             moments: bool = False) -> torch.Tensor:
     if not has_posterior(model):  # a deterministic autoencoder: its latent is the mean and the only sample
         return encode_mode(model, images)
     dist = model.encode(images).latent_dist
+    if moments:  # MAR / REPA style: cache the distribution, sample at training time
+        return torch.cat([dist.mean, dist.logvar], dim=1)
     if not sample:
         return dist.mean
     # one generator per image: the same key gets the same sample whatever the batch or rank
@@ -105,7 +111,8 @@ def encode_shard(url: str, target: Path, model: torch.nn.Module, options: Encode
                  device: torch.device, identity: dict[str, Any] | None = None, ctx=None) -> dict[str, Any]:
     """Encode one input shard into ``target`` (written under a temporary name, then renamed)."""
     source = source_identity(url)  # taken before reading: a file changed meanwhile makes the next run redo this shard
-    transforms = build_transforms("reconstruction", False, options.resolution, make_options("reconstruction"))
+    transforms = build_transforms("reconstruction", False, options.resolution,
+                                  make_options("reconstruction", preprocess=options.preprocess))
     dtype = {"float32": np.float32, "float16": np.float16}[options.dtype]
     tmp = target.parent / f".tmp-{target.stem}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -119,10 +126,11 @@ def encode_shard(url: str, target: Path, model: torch.nn.Module, options: Encode
         nonlocal count, shape
         keys = [k for k, _, _ in pending]
         images = transforms.normalize(torch.stack([img for _, img, _ in pending])).to(device)
-        z = _latents(model, images, keys, options.sample).float().cpu().numpy().astype(dtype)
-        zf = (_latents(model, torch.flip(images, dims=[-1]), [f"{k}/flip" for k in keys], options.sample)
-              .float().cpu().numpy().astype(dtype) if options.flip else None)
-        shape = list(z.shape[1:])
+        z = _latents(model, images, keys, options.sample, options.moments).float().cpu().numpy().astype(dtype)
+        zf = (_latents(model, torch.flip(images, dims=[-1]), [f"{k}/flip" for k in keys], options.sample,
+                       options.moments).float().cpu().numpy().astype(dtype) if options.flip else None)
+        # the latent a model sees: moments hold 2C channels (mean, log-variance) for C latent channels
+        shape = [z.shape[1] // 2, *z.shape[2:]] if options.moments else list(z.shape[1:])
         for i, (key, _, rest) in enumerate(pending):
             members = dict(rest)
             if shard_key(key) != key:
@@ -273,6 +281,10 @@ def encode_dataset(checkpoint: str | Path, data: str, out_dir: str | Path, optio
     urls = expand_urls(data)
     if not urls:
         raise ValueError(f"--data {data!r} names no shards or images")
+    if options.moments and (options.sample or not has_posterior(model)):
+        raise ValueError("--moments stores the posterior's mean and log-variance for sampling at training time: "
+                         + ("drop --sample (the reader draws the samples)" if options.sample else
+                            f"a {type(model).__name__} has no posterior (its latent is deterministic); drop --moments"))
     out.mkdir(parents=True, exist_ok=True)
     if ctx.is_main:
         remove_stale_temporaries(out)
@@ -332,7 +344,9 @@ def _metadata(loaded, model, data: str, urls: list[str], records: list[dict[str,
         "format": "loopvision latent shards v1", "tokenizer": loaded.source, "tokenizer_kind": loaded.kind,
         "tokenizer_class": type(model).__name__, "weights_sha256": loaded.weights_sha256,
         "data": data, "num_samples": written, "skipped": skipped, "latent_shape": shape,
-        "posterior": "sample" if options.sample else "mean", "flip": options.flip,
+        "posterior": "moments" if options.moments else "sample" if options.sample else "mean", "flip": options.flip,
+        # with moments each member holds [mean; log-variance] (2C, h, w); readers draw z = mean + std * eps
+        "moments": options.moments,
         "scaling_factor": float(config.get("scaling_factor", 1.0) or 1.0),
         "shift_factor": float(config.get("shift_factor", 0.0) or 0.0),
         "latents_mean": config.get("latents_mean"), "latents_std": config.get("latents_std"),
@@ -347,6 +361,6 @@ def _metadata(loaded, model, data: str, urls: list[str], records: list[dict[str,
         "sources": {r["output"]: {k: v for k, v in (r.get("source") or {}).items() if k != "files"}
                     for r in records},
         "options": asdict(options), "seconds": round(seconds, 2), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "preprocessing": f"shorter side resized to {options.resolution} (bicubic, antialiased), centre crop "
-                         f"{options.resolution}², [-1, 1] (as loopvae eval)",
+        "preprocessing": describe_preprocessing(make_options("reconstruction", preprocess=options.preprocess),
+                                                options.resolution),
     }

@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 import loopdata
 from loopdata.keys import path_for_key
+from loopdata.transforms import describe_preprocessing, make_options
 from looprun.checkpoint import OutputWriteError, is_write_failure, write_atomic, write_failure
 from looprun.distributed import (
     DistributedContext,
@@ -37,6 +38,7 @@ from looprun.speed import prepare_for_speed, to_memory_format
 from .autoencoders import latent_values_per_pixel, reconstruct_mode
 from .loading import LoadedTokenizer, load_tokenizer
 from .metrics import bicubic_baseline, build_fid, psnr_per_image, ssim_per_image, to_uint8
+from .npz_batches import merge_parts, save_part, write_keys
 from .perceptual import PerceptualLoss
 
 log = logging.getLogger("loopvae.eval")
@@ -63,6 +65,8 @@ class EvalOptions:
     progress: bool = True  # a progress bar on stderr (rank 0)
     memory_format: str = "contiguous"  # or "channels_last" (faster convolutions; see looprun.speed)
     compile: bool = False  # torch.compile the tokenizer (first batch compiles)
+    preprocess: str = "resize-crop"  # or "adm" (ADM's center_crop_arr); JPEGs are always decoded fully
+    save_npz: bool = False  # also OUT/npz/{reconstructions,references}.npz (uint8, N x H x W x 3: ADM's layout)
 
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -110,7 +114,7 @@ def _save_png(array: torch.Tensor, path: Path) -> None:
         raise
 
 
-OUTPUT_SET = ("metrics.json", "per_image.json", "report.md", "grid.png", "images", "eval.log")
+OUTPUT_SET = ("metrics.json", "per_image.json", "report.md", "grid.png", "images", "npz", "eval.log")
 
 
 def clear_previous_outputs(out: Path, keep_log: bool = False) -> None:
@@ -176,16 +180,22 @@ def _evaluate(checkpoint: str | Path, data: str, out: Path, options: EvalOptions
     loader = loopdata.make_loader(
         data, task="reconstruction", train=False, batch_size=options.batch_size, num_workers=options.num_workers,
         resolution=options.resolution, rank=ctx.rank, world_size=ctx.world_size, skip_corrupt=options.skip_corrupt,
+        preprocess=options.preprocess,
     )
     quota = _rank_limit(options.limit, ctx)
     rows: list[dict[str, Any]] = []
     skipped: list[dict[str, str]] = []  # undecodable images met before the limit (--skip-corrupt)
     grid_ref, grid_rec = [], []
+    npz: dict[str, list] | None = {"rec": [], "ref": [], "keys": []} if options.save_npz else None
     baseline_size = None
     error: BaseException | None = None
     try:
         baseline_size = _evaluate_batches(loader, model, lpips_model, fid, vpp, quota, options, out, ctx, rows,
-                                          grid_ref, grid_rec, skipped)
+                                          grid_ref, grid_rec, skipped, npz)
+        if npz is not None:  # each rank's part; rank 0 merges them below
+            (out / "npz").mkdir(parents=True, exist_ok=True)
+            for kind in ("rec", "ref"):
+                save_part(npz[kind], out / "npz" / f".part-{kind}-{ctx.rank:05d}.npy")
     except Exception as err:  # noqa: BLE001 - re-raised below, after telling the other ranks
         error = err
         if is_write_failure(err):  # --save-images on a full disk: no half-written image set stays
@@ -214,6 +224,13 @@ def _evaluate(checkpoint: str | Path, data: str, out: Path, options: EvalOptions
     # counted like the evaluated images: those met before --limit, named with the reason
     metrics["skipped_corrupt"] = len(all_skipped)
     metrics["skipped"] = all_skipped
+    if npz is not None:
+        all_keys = [k for part in gather_objects(npz["keys"], ctx) for k in part]  # in rank order, as the parts
+        if ctx.is_main:
+            for kind, name in (("rec", "reconstructions.npz"), ("ref", "references.npz")):
+                parts = [out / "npz" / f".part-{kind}-{r:05d}.npy" for r in range(ctx.world_size)]
+                metrics.setdefault("npz", {})[name] = list(merge_parts(parts, out / "npz" / name))
+            write_keys(out / "npz" / "keys.json", all_keys)
     if ctx.is_main:
         try:
             _write_outputs(out, all_rows, metrics, grid_ref, grid_rec)
@@ -235,7 +252,7 @@ def _write_outputs(out: Path, all_rows: list[dict[str, Any]], metrics: dict[str,
 
 
 def _evaluate_batches(loader, model, lpips_model, fid, vpp, quota, options, out, ctx, rows, grid_ref, grid_rec,
-                      skipped):
+                      skipped, npz=None):
     """The per-batch loop of :func:`evaluate` (no collectives: ranks may run different batch counts)."""
     baseline_size = None
     total = len(loader) if quota is None else min(len(loader), -(-quota // options.batch_size))
@@ -282,6 +299,10 @@ def _evaluate_batches(loader, model, lpips_model, fid, vpp, quota, options, out,
                     path = path_for_key(folder, key, ".png")  # never outside --out
                     path.parent.mkdir(parents=True, exist_ok=True)
                     _save_png(array, path)
+        if npz is not None:
+            npz["rec"].append(rec_u8.permute(0, 2, 3, 1).cpu().numpy())
+            npz["ref"].append(ref_u8.permute(0, 2, 3, 1).cpu().numpy())
+            npz["keys"].extend(zip(shards, keys))
         if len(grid_ref) < options.grid_images:
             grid_ref.extend(ref_u8[: options.grid_images - len(grid_ref)].cpu())
             grid_rec.extend(rec_u8[: options.grid_images - len(grid_rec)].cpu())
@@ -319,6 +340,9 @@ def _summarise(rows, rfid, fid_reason, loaded, lpips_model, fid_path, options, d
                   "step": loaded.step, "weights": options.weights if loaded.kind == "run-checkpoint" else "release",
                   "dtype": options.dtype},
         "data": {"urls": data, "resolution": options.resolution, "limit": options.limit},
+        # how the references were made (comparable numbers need the same crop and decode)
+        "preprocessing": describe_preprocessing(make_options("reconstruction", preprocess=options.preprocess),
+                                                options.resolution),
         "lpips_net": options.lpips_net + (" (random backbone: not LPIPS)" if options.lpips_random_backbone else ""),
         "weights_sha256": weights,
         "baseline": {
@@ -354,9 +378,12 @@ def render_report(metrics: dict[str, Any], has_grid: bool = True) -> str:
     ]
     if metrics["rfid"] is None:
         lines += [f"rFID unavailable: {metrics['rfid_unavailable_reason']}", ""]
+    pre = metrics.get("preprocessing", {})
     lines += ["Protocol: posterior mode, reconstructions clamped and quantised to uint8; PSNR = mean of per-image "
-              "PSNR; SSIM Gaussian 11×11, σ=1.5; the bicubic baseline keeps at least as many values per pixel as "
-              "the latent.", ""]
+              "PSNR (capped at 120 dB); SSIM Gaussian 11×11, σ=1.5; the bicubic baseline keeps at least as many "
+              "values per pixel as the latent. References: "
+              f"`{pre.get('method', 'resize-crop')}` ({pre.get('resample', '')}, centre crop), JPEG draft decoding "
+              f"{'on' if pre.get('jpeg_draft') else 'off'}.", ""]
     if metrics.get("skipped"):
         lines += ["Skipped (undecodable, `--skip-corrupt`):", ""]
         lines += [f"- `{e['key']}` in `{e['shard']}`: {e['reason']}" for e in metrics["skipped"]] + [""]

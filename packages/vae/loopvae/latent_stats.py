@@ -49,6 +49,7 @@ class LatentStatistics:
     posterior: str
     seed: int
     data: str
+    preprocess: str = "resize-crop"
     channel_mean: list[float] = field(default_factory=list)
     channel_std: list[float] = field(default_factory=list)
     keys: list[str] = field(default_factory=list)
@@ -56,7 +57,7 @@ class LatentStatistics:
     def config_record(self) -> dict[str, Any]:
         """What ``config.json``'s ``latent_statistics`` keeps (no per-image keys)."""
         return {"data": self.data, "num_images": self.num_images, "resolution": self.resolution,
-                "posterior": self.posterior, "seed": self.seed, "file": STATS_FILE}
+                "preprocess": self.preprocess, "posterior": self.posterior, "seed": self.seed, "file": STATS_FILE}
 
 
 class _Moments:
@@ -91,7 +92,7 @@ class _Moments:
 def estimate_latent_statistics(
     model: torch.nn.Module, data: str, resolution: int = 256, limit: int | None = None, batch_size: int = 8,
     num_workers: int = 2, posterior: str = "sample", seed: int = 0, device: str | torch.device = "cpu",
-    progress: bool = True,
+    progress: bool = True, preprocess: str = "resize-crop",
 ) -> LatentStatistics:
     """Encode images of ``data`` (shards or an image folder, centre-cropped to ``resolution``) and return
     the latent mean and 1 / standard deviation over every latent value.
@@ -104,7 +105,8 @@ def estimate_latent_statistics(
     if posterior not in ("sample", "mode"):
         raise ValueError(f"posterior must be 'sample' or 'mode', got {posterior!r}")
     loader = loopdata.make_loader(data, task="reconstruction", train=False, batch_size=batch_size,
-                                  num_workers=num_workers, resolution=resolution, rank=0, world_size=1)
+                                  num_workers=num_workers, resolution=resolution, rank=0, world_size=1,
+                                  preprocess=preprocess)
     generator = torch.Generator(device=device).manual_seed(seed)
     dtype = next(model.parameters()).dtype
     moments, keys = _Moments(), []
@@ -129,7 +131,7 @@ def estimate_latent_statistics(
                          "scaling_factor is undefined (use more, or more varied, images)")
     return LatentStatistics(
         shift_factor=mean, scaling_factor=1.0 / math.sqrt(var), num_images=len(keys), num_values=count,
-        resolution=resolution, posterior=posterior, seed=seed, data=portable_text(data),
+        resolution=resolution, posterior=posterior, seed=seed, data=portable_text(data), preprocess=preprocess,
         channel_mean=[float(v) for v in moments.channel_mean()],
         channel_std=[float(v) for v in moments.channel_var().sqrt()], keys=keys,
     )
@@ -170,7 +172,7 @@ def write_latent_statistics(folder: str | Path, stats: LatentStatistics, per_cha
 def latent_stats(
     checkpoint: str | Path, data: str, resolution: int = 256, limit: int | None = None, batch_size: int = 8,
     num_workers: int = 2, posterior: str = "sample", seed: int = 0, device: str = "cpu", dtype: str = "fp32",
-    write: bool = True, progress: bool = True, per_channel: bool = False,
+    write: bool = True, progress: bool = True, per_channel: bool = False, preprocess: str = "resize-crop",
 ) -> tuple[LatentStatistics, Path | None]:
     """Estimate the statistics of the release / diffusers folder (or run directory's ``release/``)
     ``checkpoint`` and, with ``write``, store them in its ``config.json``. Returns ``(stats, config path)``."""
@@ -180,7 +182,7 @@ def latent_stats(
     loaded = load_tokenizer(folder)
     model = to_compute(loaded.model, device, dtype)
     stats = estimate_latent_statistics(model, data, resolution, limit, batch_size, num_workers, posterior, seed,
-                                       device, progress)
+                                       device, progress, preprocess)
     log.info("latent statistics of %s over %d images: shift_factor %.6f, scaling_factor %.6f", folder,
              stats.num_images, stats.shift_factor, stats.scaling_factor)
     return stats, write_latent_statistics(folder, stats, per_channel) if write else None
