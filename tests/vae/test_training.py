@@ -220,3 +220,32 @@ def test_modulation_lr_scale_puts_the_conditioning_path_in_its_own_group() -> No
     assert cond["lr"] == pytest.approx(1e-2) and rest["lr"] == pytest.approx(1e-3)
     assert len(rest["params"]) + len(cond["params"]) == len(list(vae.parameters()))
     assert parameter_groups(loopvae_create("flux-vae-tiny"), 1e-3, 10.0)[0]["lr"] == pytest.approx(1e-3)
+
+
+def test_fine_tuning_a_diffusers_autoencoderkl_decoder_only(tmp_path: Path) -> None:
+    """init_from a saved diffusers AutoencoderKL folder (the SD ft-MSE recipe: decoder only): the run starts from
+    the folder's weights, the encoder stays bit-identical, the decoder moves; trainable=all moves both."""
+    from diffusers import AutoencoderKL
+
+    from lv_testing import randomize_
+
+    folder = tmp_path / "sd-like"
+    source = randomize_(loopvae_create("klvae-tiny-w24"), std=0.02, seed=3)
+    source.save_pretrained(folder)
+    runs = {}
+    for trainable in ("decoder", "all"):
+        out = tmp_path / trainable
+        config = load_train_config("tiny-stage1", [*FAST, f"init_from={folder}", f"trainable={trainable}",
+                                                   "max_steps=3", "checkpoint_every=3", "num_workers=0",
+                                                   "ema_decay=0.0", "lr=1e-3", "mse_weight=1.0"])
+        train(config, data_urls(), out)
+        runs[trainable] = AutoencoderKL.from_pretrained(out / "release")
+    start = source.state_dict()
+    tuned = runs["decoder"].state_dict()
+    for name, tensor in start.items():
+        moved = not torch.equal(tensor, tuned[name])
+        if name.startswith(("encoder.", "quant_conv.")):
+            assert not moved, f"{name} changed in decoder-only fine-tuning"
+    assert any(not torch.equal(start[n], tuned[n]) for n in start if n.startswith("decoder."))
+    everything = runs["all"].state_dict()
+    assert any(not torch.equal(start[n], everything[n]) for n in start if n.startswith("encoder."))

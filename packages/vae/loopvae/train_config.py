@@ -20,7 +20,10 @@ class TrainConfig:
     model: str = "loopvae-cnn-tiny"
     model_overrides: dict[str, Any] = field(default_factory=dict)
     stage: int = 1
-    init_from: str | None = None  # stage 2: the stage-1 release artifact (or run directory)
+    # the weights to start from: stage 2's stage-1 release, or (either stage) any tokenizer folder we load, e.g. a
+    # diffusers AutoencoderKL (SD / FLUX VAE) to fine-tune; its config.json gives the architecture
+    init_from: str | None = None
+    trainable: str = "all"  # all | decoder (decoder-only fine-tuning, as SD's ft-MSE VAE: the encoder stays frozen)
     # data
     resolution: int = 128
     batch_size: int = 8  # per rank and micro-step
@@ -29,6 +32,7 @@ class TrainConfig:
     # schedules) count optimizer steps.
     grad_accum_steps: int = 1
     num_workers: int = 2
+    jpeg_draft: bool = False  # decode training JPEGs at reduced DCT scale when the crop allows (throughput only)
     scale_jitter: tuple[float, float] = (1.0, 1.0)
     hflip: float = 0.5
     # optimisation
@@ -124,6 +128,8 @@ class TrainConfig:
             raise ConfigError(f"l1_weight and mse_weight must be >= 0, got {self.l1_weight}, {self.mse_weight}")
         if self.modulation_lr_scale <= 0:
             raise ConfigError(f"modulation_lr_scale must be > 0, got {self.modulation_lr_scale}")
+        if self.trainable not in ("all", "decoder"):
+            raise ConfigError(f"trainable must be all or decoder, got {self.trainable!r}")
         if self.lpips_net not in ("vgg", "alex"):
             raise ConfigError(f"lpips_net must be vgg or alex, got {self.lpips_net!r}")
         return self

@@ -82,7 +82,8 @@ TRAINABLE = TOKENIZER_CLASSES
 
 
 def build_vae(config: TrainConfig) -> nn.Module:
-    """The model to train: the registered architecture, or the ``init_from`` artifact (stage 2).
+    """The model to train: the registered architecture, or the ``init_from`` artifact (stage 2, or a diffusers
+    ``AutoencoderKL`` / ``AutoencoderDC`` folder to fine-tune, in either stage).
 
     LoopVAEs and the diffusers references (``AutoencoderKL``, e.g. ``klvae-tiny-w32``; ``AutoencoderDC``, e.g.
     ``dcae-tiny``) train with the same loop, so a comparison between them differs only in the model and recipe.
@@ -107,6 +108,22 @@ def build_vae(config: TrainConfig) -> nn.Module:
     return model
 
 
+DECODER_PREFIXES = ("decoder.", "post_quant_conv.")  # what decodes a latent, in LoopVAE and diffusers' autoencoders
+
+
+def freeze_all_but_decoder(vae: nn.Module) -> int:
+    """Decoder-only fine-tuning: every parameter outside the decoder (and ``post_quant_conv``) stops requiring
+    gradients, so the optimizer never sees it and the encoder's weights stay bit-identical. Returns the count."""
+    frozen = 0
+    for name, p in vae.named_parameters():
+        if not name.startswith(DECODER_PREFIXES):
+            p.requires_grad_(False)
+            frozen += p.numel()
+    if frozen == 0 or not any(p.requires_grad for p in vae.parameters()):
+        raise ValueError(f"trainable=decoder: {type(vae).__name__} has no separate encoder/decoder parameters")
+    return frozen
+
+
 def conditioning_parameters(vae: nn.Module) -> list[nn.Parameter]:
     """The conditioning path of every looped core: the ``c = e_s + e_t`` embeddings and the blocks'
     adaLN-Zero modulation linears (empty for models without looped cores)."""
@@ -122,11 +139,12 @@ def parameter_groups(vae: nn.Module, lr: float, conditioning_lr_scale: float) ->
     pass after 600 steps at scale 1). ``1.0`` is one group with one learning rate, as before the key
     existed, so older checkpoints resume.
     """
+    trainable = [p for p in vae.parameters() if p.requires_grad]  # frozen ones (trainable=decoder) stay out
     if conditioning_lr_scale == 1.0:
-        return [{"params": list(vae.parameters()), "lr": lr}]
-    conditioning = conditioning_parameters(vae)
+        return [{"params": trainable, "lr": lr}]
+    conditioning = [p for p in conditioning_parameters(vae) if p.requires_grad]
     ids = {id(p) for p in conditioning}
-    rest = [p for p in vae.parameters() if id(p) not in ids]
+    rest = [p for p in trainable if id(p) not in ids]
     groups: list[dict[str, Any]] = [{"params": rest, "lr": lr}]
     if conditioning:
         groups.append({"params": conditioning, "lr": lr * conditioning_lr_scale})
@@ -205,6 +223,10 @@ class Trainer(TrainingLoop):
             self.vae = self.vae.to(memory_format=self.memory_format)
             if config.gradient_checkpointing:
                 self.vae.enable_gradient_checkpointing()
+            if config.trainable == "decoder":
+                frozen = freeze_all_but_decoder(self.vae)
+                log.info("trainable=decoder: %d encoder parameters frozen (%d trainable)", frozen,
+                         sum(p.numel() for p in self.vae.parameters() if p.requires_grad))
             self.ema = EMA(self.vae, config.ema_decay).to(dev)
             perceptual = None
             if config.perceptual_weight > 0:
@@ -224,7 +246,8 @@ class Trainer(TrainingLoop):
                 if self.ctx.distributed else step_module
             )
             self.optimizer = torch.optim.AdamW(
-                parameter_groups(self.vae, config.lr, config.modulation_lr_scale), lr=config.lr,
+                [g for g in parameter_groups(self.vae, config.lr, config.modulation_lr_scale) if g["params"]],
+                lr=config.lr,
                 betas=tuple(config.betas), weight_decay=config.weight_decay,
             )
             self.scheduler = make_scheduler(
@@ -240,7 +263,7 @@ class Trainer(TrainingLoop):
                 data, task="reconstruction", train=True, batch_size=config.batch_size * config.grad_accum_steps,
                 num_workers=config.num_workers,
                 resolution=config.resolution, rank=self.ctx.rank, world_size=self.ctx.world_size, seed=config.seed,
-                scale=tuple(config.scale_jitter), hflip=config.hflip,
+                scale=tuple(config.scale_jitter), hflip=config.hflip, draft=config.jpeg_draft,
             )
             self.data_spec = canonical_urls(data)
             self.data_identity = data_identity(self.data_spec)
