@@ -69,6 +69,7 @@ class TrainConfig:
     keep_checkpoints: int = 3
     log_every: int = 50
     progress_bar: bool = True
+    tracker: str = "tensorboard"  # tensorboard | wandb (optional extra; offline without a login) | none
 
     @staticmethod
     def upgrade_model_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
@@ -79,6 +80,12 @@ class TrainConfig:
 
     def validate(self) -> TrainConfig:
         """Cross-key checks; raises :class:`ConfigError` naming the key."""
+        from looprun.trackers import check_tracker
+
+        try:
+            check_tracker(self.tracker)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
         if self.protocol not in ("imagenet", "cifar"):
             raise ConfigError(f"protocol must be imagenet or cifar, got {self.protocol!r}")
         for key in ("batch_size", "checkpoint_every", "log_every", "num_classes", "resolution", "lr_reference_batch",

@@ -1,4 +1,5 @@
-"""Run logging: TensorBoard scalars/images and a rank-0 progress bar with images/s and ETA."""
+"""Run logging: scalars/images to the run's tracker (TensorBoard, W&B or none) and a rank-0 progress bar with
+images/s and ETA."""
 
 from __future__ import annotations
 
@@ -20,10 +21,13 @@ class RunLogger:
         start_step: first step of this (possibly resumed) run.
         enabled: whether this process logs (the main rank).
         progress: show the progress bar (off in tests and non-interactive runs if desired).
+        tracker: ``tensorboard`` (events in ``run_dir/tb``), ``wandb`` or ``none`` (:mod:`looprun.trackers`).
+        config: the run's settings (W&B records them).
     """
 
     def __init__(
-        self, run_dir: str | Path, total_steps: int, start_step: int = 0, enabled: bool = True, progress: bool = True
+        self, run_dir: str | Path, total_steps: int, start_step: int = 0, enabled: bool = True, progress: bool = True,
+        tracker: str = "tensorboard", config: dict | None = None,
     ) -> None:
         self.enabled = enabled
         self.writer = None
@@ -32,9 +36,9 @@ class RunLogger:
         self._images = 0
         if not enabled:
             return
-        from torch.utils.tensorboard import SummaryWriter
+        from .trackers import make_tracker
 
-        self.writer = SummaryWriter(log_dir=str(Path(run_dir) / "tb"))
+        self.writer = make_tracker(tracker, run_dir, config)
         if progress:
             self.bar = tqdm(total=total_steps, initial=start_step, dynamic_ncols=True, desc="train", unit="step")
 
@@ -51,13 +55,13 @@ class RunLogger:
         if not self.enabled:
             return
         for key, value in values.items():
-            self.writer.add_scalar(f"{prefix}/{key}", value, step)
+            self.writer.scalar(f"{prefix}/{key}", value, step)
         if not throughput:
             return
         now = time.perf_counter()
         rate = self._images / max(now - self._last_time, 1e-9)
         self._last_time, self._images = now, 0
-        self.writer.add_scalar(f"{prefix}/images_per_s", rate, step)
+        self.writer.scalar(f"{prefix}/images_per_s", rate, step)
         if self.bar is not None:
             shown = {k: f"{v:.4g}" for k, v in list(values.items())[:4]}
             self.bar.set_postfix(**shown, img_s=f"{rate:.1f}")
@@ -65,17 +69,16 @@ class RunLogger:
     def images(self, step: int, tag: str, grid: torch.Tensor) -> None:
         """Log a ``(3, H, W)`` image grid with values in [0, 1]."""
         if self.enabled:
-            self.writer.add_image(tag, grid.clamp(0, 1), step)
+            self.writer.image(tag, grid.clamp(0, 1), step)
 
     def text(self, step: int, tag: str, text: str) -> None:
         if self.enabled:
-            self.writer.add_text(tag, text, step)
+            self.writer.text(tag, text, step)
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
         if self.writer is not None:
-            self.writer.flush()
             self.writer.close()
 
 

@@ -46,7 +46,7 @@ from .signals import StopSignal
 RESUMABLE_CHANGES = frozenset(
     {"max_steps", "epochs", "checkpoint_every", "keep_checkpoints", "log_every", "image_every", "eval_every",
      "eval_resolution", "eval_images",
-     "progress_bar", "compile"}
+     "progress_bar", "compile", "tracker"}
 )
 
 
@@ -348,7 +348,8 @@ class TrainingLoop:
     def loop(self) -> LoopOutcome:
         """Run steps until ``total_steps`` or a stop signal (checkpointing on the way); see module docstring."""
         cfg, ctx = self.config, self.ctx
-        logger = RunLogger(self.run_dir, self.total_steps, self.step, ctx.is_main, cfg.progress_bar)
+        logger = RunLogger(self.run_dir, self.total_steps, self.step, ctx.is_main, cfg.progress_bar,
+                           tracker=getattr(cfg, "tracker", "tensorboard"), config=_json_normal(asdict(cfg)))
         outcome = LoopOutcome(None, {})
         batches = iter(self.loader)
         try:

@@ -91,6 +91,7 @@ class TrainConfig:
     log_every: int = 50
     image_every: int = 500
     progress_bar: bool = True
+    tracker: str = "tensorboard"  # tensorboard | wandb (optional extra; offline without a login) | none
 
     # configs written before a key was renamed still load, with a warning (looprun.config.RenamedKey)
     RENAMED_KEYS: ClassVar[dict[str, RenamedKey]] = {
@@ -128,6 +129,12 @@ class TrainConfig:
             raise ConfigError(f"l1_weight and mse_weight must be >= 0, got {self.l1_weight}, {self.mse_weight}")
         if self.modulation_lr_scale <= 0:
             raise ConfigError(f"modulation_lr_scale must be > 0, got {self.modulation_lr_scale}")
+        from looprun.trackers import check_tracker
+
+        try:
+            check_tracker(self.tracker)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
         if self.trainable not in ("all", "decoder"):
             raise ConfigError(f"trainable must be all or decoder, got {self.trainable!r}")
         if self.lpips_net not in ("vgg", "alex"):

@@ -1,0 +1,107 @@
+"""Experiment trackers behind :class:`looprun.run_logger.RunLogger`: the same scalars, images and text go to
+TensorBoard (``tb/``, the default), Weights & Biases, or nowhere.
+
+``tracker: wandb`` needs the optional extra (``pip install 'loopvision[wandb]'``). Without a login
+(``WANDB_API_KEY`` unset and no ``WANDB_MODE``) it runs offline, writing ``<run>/wandb/offline-run-*`` that
+``wandb sync`` uploads later; the run id is derived from the run folder, so a resumed run continues the same
+W&B run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+TRACKERS = ("tensorboard", "wandb", "none")
+WANDB_HINT = "pip install 'loopvision[wandb]'"
+
+
+def check_tracker(name: str) -> None:
+    """``ValueError`` for an unknown tracker or a missing optional package (before any file is written)."""
+    if name not in TRACKERS:
+        raise ValueError(f"tracker must be one of {', '.join(TRACKERS)}, got {name!r}")
+    if name == "wandb":
+        try:
+            import wandb  # noqa: F401
+        except ImportError:
+            raise ValueError(f"tracker: wandb needs the wandb package, which is not installed: {WANDB_HINT} "
+                             "(or use tracker: tensorboard)") from None
+
+
+class TensorBoardTracker:
+    """``torch.utils.tensorboard.SummaryWriter`` events in ``run_dir/tb``."""
+
+    def __init__(self, run_dir: Path, config: dict[str, Any] | None = None) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(log_dir=str(run_dir / "tb"))
+
+    def scalar(self, tag: str, value: float, step: int) -> None:
+        self.writer.add_scalar(tag, value, step)
+
+    def image(self, tag: str, grid: torch.Tensor, step: int) -> None:
+        self.writer.add_image(tag, grid, step)
+
+    def text(self, tag: str, text: str, step: int) -> None:
+        self.writer.add_text(tag, text, step)
+
+    def close(self) -> None:
+        self.writer.flush()
+        self.writer.close()
+
+
+class WandbTracker:
+    """A Weights & Biases run (online with a login, offline otherwise) in ``run_dir/wandb``."""
+
+    def __init__(self, run_dir: Path, config: dict[str, Any] | None = None, project: str | None = None) -> None:
+        import wandb
+
+        mode = os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
+        run_id = hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:16]  # a resume continues the run
+        self.run = wandb.init(project=project or os.environ.get("WANDB_PROJECT", "loopvision"), dir=str(run_dir),
+                              name=run_dir.name, id=run_id, resume="allow", mode=mode, config=config or {},
+                              reinit="create_new")
+        self._wandb = wandb
+
+    def scalar(self, tag: str, value: float, step: int) -> None:
+        self.run.log({tag: value}, step=step)
+
+    def image(self, tag: str, grid: torch.Tensor, step: int) -> None:
+        array = (grid.clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).cpu().numpy()
+        self.run.log({tag: self._wandb.Image(array)}, step=step)
+
+    def text(self, tag: str, text: str, step: int) -> None:
+        self.run.log({tag: self._wandb.Html(f"<pre>{text}</pre>")}, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class NullTracker:
+    """``tracker: none``: nothing is written (the run's log and checkpoints still are)."""
+
+    def __init__(self, run_dir: Path, config: dict[str, Any] | None = None) -> None:
+        pass
+
+    def scalar(self, tag: str, value: float, step: int) -> None:
+        pass
+
+    def image(self, tag: str, grid: torch.Tensor, step: int) -> None:
+        pass
+
+    def text(self, tag: str, text: str, step: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def make_tracker(name: str, run_dir: str | Path, config: dict[str, Any] | None = None):
+    """The tracker called ``name`` for ``run_dir`` (``config``: the run's settings, recorded by W&B)."""
+    check_tracker(name)
+    cls = {"tensorboard": TensorBoardTracker, "wandb": WandbTracker, "none": NullTracker}[name]
+    return cls(Path(run_dir), config)
