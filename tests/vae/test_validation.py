@@ -36,6 +36,9 @@ def test_the_curve_is_logged_and_its_last_point_is_what_loopvae_eval_measures(tm
     # training keeps the EMA copy in channels_last, the release loads contiguous: float rounding may move a
     # few uint8 pixels by one level (measured 2e-6 dB here), far below any reported digit
     assert metrics["psnr"] == pytest.approx(curve[-1]["psnr"], abs=1e-3)
+    assert metrics["ssim"] == pytest.approx(curve[-1]["ssim"], abs=1e-4)  # eval's metrics, not PSNR only
+    assert curve[-1]["lpips"] is None and "LPIPS" in curve[-1]["lpips_unavailable_reason"]
+    assert curve[-1]["rfid"] is None and "Inception" in curve[-1]["rfid_unavailable_reason"]
     # the release's model card carries the measured PSNR as Hub front matter (model-index)
     import yaml
 
@@ -84,3 +87,39 @@ def test_mse_term_adds_exactly_its_weighted_mean_square() -> None:
 def test_bad_validation_and_loss_keys_are_named(override: str, key: str) -> None:
     with pytest.raises(ConfigError, match=key):
         load_train_config("tiny-stage1", [override])
+
+
+def test_validation_reports_lpips_and_rfid_as_eval_does_when_their_weights_are_there(tmp_path: Path) -> None:
+    """Random-weight stand-ins of the LPIPS backbone and the Inception net (the real files cannot be downloaded):
+    the validation numbers equal loopvae eval's with the same nets on the same images."""
+    from test_evaluation import _random_inception_file
+
+    from looprun.distributed import DistributedContext
+    from loopvae.demo import bundled_model_dir
+    from loopvae.loading import load_artifact
+    from loopvae.perceptual import PerceptualLoss
+    from loopvae.validation import ValidationMetrics, ValidationSet, validation_psnr
+
+    inception = _random_inception_file(tmp_path / "inception.pth")
+    torch.manual_seed(0)
+    lpips = PerceptualLoss("alex", random_backbone=True)
+    model = load_artifact(bundled_model_dir())
+    metrics = ValidationMetrics(lpips=lpips, lpips_reason=None, fid_weights=str(inception))
+    ctx = DistributedContext()
+    val = validation_psnr(model, ValidationSet(data_urls("val"), 64, 4), ctx, metrics)
+    ev = evaluate(bundled_model_dir(), data_urls("val"), tmp_path / "e",
+                  EvalOptions(resolution=64, limit=4, num_workers=0, lpips_net="none", fid_weights=str(inception),
+                              progress=False))
+    for key in ("psnr", "ssim", "rfid"):
+        assert val[key] == pytest.approx(ev[key], rel=1e-4, abs=1e-6), key
+    # LPIPS: the same (randomly initialised) net applied as eval applies it, to the uint8 images
+    import loopdata
+    from loopvae.autoencoders import reconstruct_mode
+    from loopvae.metrics import to_uint8
+
+    batch = next(iter(loopdata.make_loader(data_urls("val"), task="reconstruction", train=False, batch_size=4,
+                                           num_workers=0, resolution=64, rank=0, world_size=1)))
+    with torch.no_grad():
+        ref, rec = to_uint8(batch["image"]), to_uint8(reconstruct_mode(model, batch["image"]))
+        expected = float(lpips(rec.float() / 127.5 - 1, ref.float() / 127.5 - 1).mean())
+    assert val["lpips"] == pytest.approx(expected, rel=1e-5)

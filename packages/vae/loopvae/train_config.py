@@ -58,6 +58,7 @@ class TrainConfig:
     perceptual_weight: float = 1.0
     lpips_net: str = "vgg"
     lpips_weights: str | None = None
+    fid_weights: str | None = None  # Inception weights for rFID during validation (default: the torch hub cache)
     kl_weight: float = 1e-6
     latent_noise_std: float = 0.05
     deep_supervision_weight: float = 0.0

@@ -42,7 +42,7 @@ from .model import LoopVAE
 from .perceptual import PerceptualLoss
 from .registry import create_model
 from .train_config import TrainConfig
-from .validation import ValidationSet, validation_psnr
+from .validation import ValidationMetrics, ValidationSet, validation_psnr
 
 log = logging.getLogger("loopvae.train")
 
@@ -272,6 +272,9 @@ class Trainer(TrainingLoop):
             # steps alone (time.process_time: every thread of this process, data loading in it included)
             self.val_set = (ValidationSet(val_data, config.eval_resolution, config.eval_images)
                             if val_data else None)
+            # eval's metrics beyond PSNR/SSIM: LPIPS (config.lpips_net) and rFID when their weights are present
+            self.val_metrics = (ValidationMetrics.build(config.lpips_net, config.lpips_weights,
+                                                        config.fid_weights, dev) if val_data else None)
             self.validation: list[dict[str, Any]] = []
             self.train_seconds = 0.0
             self.train_wall_seconds = 0.0  # the same steps' wall time (GPU runs: CPU time is not the cost)
@@ -463,15 +466,17 @@ class Trainer(TrainingLoop):
         and written to ``validation.json``. ``None`` without validation data."""
         if self.val_set is None:
             return None
-        result = validation_psnr(self.ema.module, self.val_set, self.ctx)
+        result = validation_psnr(self.ema.module, self.val_set, self.ctx, self.val_metrics)
         entry = {"step": self.step, "images_seen": self.step * self.config.batch_size * self.config.grad_accum_steps
                  * self.ctx.world_size,
                  "train_seconds": round(self.train_seconds, 2),
                  "train_wall_seconds": round(self.train_wall_seconds, 2), **result}
         self.validation = [e for e in self.validation if e["step"] < self.step] + [entry]
-        logger.scalars(self.step, {"psnr": entry["psnr"]}, prefix="val", throughput=False)
-        log.info("step %d: validation PSNR %.3f dB on %d images (EMA weights)", self.step, entry["psnr"],
-                 entry["num_images"])
+        logger.scalars(self.step, {k: entry[k] for k in ("psnr", "ssim", "lpips", "rfid") if entry.get(k) is not None},
+                       prefix="val", throughput=False)
+        extra = "".join(f", {k.upper()} {entry[k]:.4f}" for k in ("lpips", "rfid") if entry.get(k) is not None)
+        log.info("step %d: validation PSNR %.3f dB, SSIM %.4f%s on %d images (EMA weights)", self.step,
+                 entry["psnr"], entry["ssim"], extra, entry["num_images"])
         if self.ctx.is_main:
             write_atomic(self.run_dir / "validation.json", json.dumps(self.validation, indent=2, allow_nan=False))
         return entry
