@@ -1,5 +1,6 @@
 """srvit's timm surface: create_model(pretrained, checkpoint_path), the classifier API, and the DeiT weight recipe."""
 
+import warnings
 from pathlib import Path
 
 import pytest
@@ -209,17 +210,19 @@ def test_recipe_mismatches_say_what_to_pass() -> None:
 
 # -- timm's registry, pretrained_cfg and forward_intermediates ------------------------------------------------------
 def test_timm_finds_and_builds_our_classifiers_under_timm_style_names(tmp_path: Path) -> None:
-    assert {"srvit_s", "srvit_s_cifar", "bvit_ti", "vit_ti_cifar", "vit_b"} <= set(timm.list_models("*vit*"))
+    assert {"srvit_s", "srvit_s_cifar", "bvit_ti", "loopvision_vit_ti_cifar", "loopvision_vit_b"} <= set(
+        timm.list_models("*vit*"))
     assert timm.list_models("*srvit*") == sorted(n for n in srvit.TIMM_NAMES if n.startswith("srvit"))
     with torch.device("meta"):
         model = timm.create_model("srvit_s", recursion=2)
     assert model.config.embed_dim == 384 and model.config.recursion == 2 and model.config.img_size == 224
-    cifar = timm.create_model("vit_ti_cifar", num_classes=7)
+    cifar = timm.create_model("loopvision_vit_ti_cifar", num_classes=7)
     assert (cifar.config.img_size, cifar.config.patch_size, cifar.config.num_classes) == (32, 4, 7)
     with pytest.raises(ValueError, match="checkpoint_path"):
-        timm.create_model("vit_ti_cifar", pretrained=True)
+        timm.create_model("loopvision_vit_ti_cifar", pretrained=True)
     save_file(cifar.state_dict(), str(tmp_path / "w.safetensors"))
-    again = timm.create_model("vit_ti_cifar", num_classes=7, checkpoint_path=str(tmp_path / "w.safetensors")).eval()
+    again = timm.create_model("loopvision_vit_ti_cifar", num_classes=7,
+                              checkpoint_path=str(tmp_path / "w.safetensors")).eval()
     x = torch.rand(2, 3, 32, 32)
     assert torch.equal(again(x), cifar.eval()(x))
 
@@ -276,3 +279,104 @@ def test_forward_intermediates_stop_early_returns_the_last_selected_state() -> N
     assert torch.allclose(last_selected, bvit.forward_trace(x).trajectory[1][:, 1:], atol=1e-6)
     with pytest.raises(ValueError, match="at least one"):
         bvit.forward_intermediates(x, indices=[])
+
+
+# -- timm's builder: features_only, in_chans, pretrained cfgs, prefixed names only ----------------------------------
+def test_features_only_is_timms_getter_over_forward_intermediates() -> None:
+    from timm.models._features import FeatureGetterNet
+
+    args = {**TINY, "depth": 3, "recursion": 2}
+    ref = randomize_(timm.create_model("srvit_s", **args)).eval()
+    feats = timm.create_model("srvit_s", features_only=True, out_indices=(0, -1), **args).eval()
+    assert isinstance(feats, FeatureGetterNet)
+    assert feats.feature_info.channels() == [24, 24] and feats.feature_info.reduction() == [4, 4]
+    # timm's features_only drops the classifier; the trunk's weights are the full model's
+    assert isinstance(feats.model.head, nn.Identity) and "num_classes" not in feats.pretrained_cfg
+    feats.model.load_state_dict({k: v for k, v in ref.state_dict().items() if not k.startswith("head.")})
+    x = torch.rand(2, 3, 16, 16)
+    with torch.no_grad():
+        out = feats(x)
+        expected = ref.forward_intermediates(x, indices=[0, -1], intermediates_only=True)
+    assert [o.shape for o in out] == [(2, 24, 4, 4)] * 2
+    assert all(torch.equal(a, b) for a, b in zip(out, expected, strict=True))
+    # timm's ViT default: the last 3 states; bViT's states are its steps
+    assert len(timm.create_model("srvit_s", features_only=True, **args).feature_info.channels()) == 3
+    bvit = timm.create_model("bvit_s", features_only=True, out_indices=2, **{**args, "depth": 1, "recursion": 4})
+    assert bvit.feature_info.channels() == [24, 24] and len(bvit.model.feature_info) == 4
+    assert [o.shape for o in bvit(x)] == [(2, 24, 4, 4)] * 2
+
+
+def test_in_chans_one_and_num_classes_zero_build_as_in_timm() -> None:
+    gray = timm.create_model("loopvision_vit_s", in_chans=1, **TINY).eval()
+    assert gray.patch_embed.proj.weight.shape == (24, 1, 4, 4) and gray.in_chans == 1 == gray.config.in_channels
+    assert gray(torch.rand(2, 1, 16, 16)).shape == (2, 7)
+    assert timm.data.resolve_data_config(model=gray)["input_size"] == (1, 16, 16)
+    assert timm.create_model("srvit_s", in_channels=1, **TINY).config.in_channels == 1  # srvit's spelling
+    pooled = timm.create_model("bvit_ti_cifar", **{**TINY, "depth": 1, "num_classes": 0}).eval()
+    assert isinstance(pooled.get_classifier(), nn.Identity) and pooled(torch.rand(2, 3, 16, 16)).shape == (2, 24)
+
+
+def test_get_pretrained_cfg_states_what_each_name_builds() -> None:
+    from loopdata.transforms import CIFAR10_MEAN, CIFAR10_STD, IMAGENET_MEAN, IMAGENET_STD
+
+    for name in srvit.TIMM_NAMES:
+        cfg = timm.get_pretrained_cfg(name)
+        assert cfg is not None and cfg.architecture == name and not cfg.has_weights, name  # nothing downloadable
+        cifar = name.endswith("_cifar")
+        assert cfg.input_size == ((3, 32, 32) if cifar else (3, 224, 224))
+        assert cfg.num_classes == (10 if cifar else 1000)
+        assert (cfg.mean, cfg.std) == ((CIFAR10_MEAN, CIFAR10_STD) if cifar else (IMAGENET_MEAN, IMAGENET_STD))
+        assert cfg.crop_pct == (1.0 if cifar else 0.875)
+    assert not set(srvit.TIMM_NAMES) & set(timm.list_pretrained())
+    with torch.device("meta"):
+        for name in ("srvit_s", "loopvision_vit_ti_cifar"):
+            model, cfg = timm.create_model(name), timm.get_pretrained_cfg(name)
+            c = model.config
+            assert (c.in_channels, c.img_size, c.img_size) == cfg.input_size and c.num_classes == cfg.num_classes
+            assert (tuple(c.data_mean), tuple(c.data_std), c.crop_pct) == (cfg.mean, cfg.std, cfg.crop_pct)
+            assert model.pretrained_cfg == cfg.to_dict() and model.default_cfg is model.pretrained_cfg
+
+
+def test_pretrained_cfg_overlay_is_reflected_in_the_model(tmp_path: Path) -> None:
+    overlay = dict(mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25), crop_pct=0.9, description="mine")
+    model = timm.create_model("srvit_s_cifar", pretrained_cfg_overlay=overlay, **TINY)
+    cfg = model.pretrained_cfg
+    assert (cfg["mean"], cfg["std"], cfg["crop_pct"], cfg["description"]) == ((0.5,) * 3, (0.25,) * 3, 0.9, "mine")
+    assert cfg["input_size"] == (3, 16, 16) and cfg["num_classes"] == 7  # explicit arguments describe the model
+    assert timm.data.resolve_data_config(model=model)["mean"] == (0.5,) * 3
+    assert tuple(model.config.data_mean) == (0.5,) * 3 and model.config.crop_pct == 0.9  # kept by save_pretrained
+    model.save_pretrained(tmp_path / "m")
+    assert srvit.RecursiveViT.from_pretrained(tmp_path / "m").pretrained_cfg["mean"] == (0.5,) * 3
+    assert timm.get_pretrained_cfg("srvit_s_cifar").mean != (0.5,) * 3  # the registered cfg is untouched
+    with pytest.raises(ValueError, match="data_mean.*pretrained_cfg_overlay mean.*disagree"):
+        timm.create_model("srvit_s", pretrained_cfg_overlay=overlay, data_mean=(0.1, 0.1, 0.1), **TINY)
+
+
+def test_only_prefixed_names_are_registered_with_timm() -> None:
+    ours = timm.list_models(module="timm_registration")
+    assert sorted(ours) == sorted(srvit.TIMM_NAMES) and len(ours) == 18
+    assert all(n.startswith(("srvit_", "bvit_", "loopvision_")) for n in ours)
+    for generic in ("vit_ti", "vit_s", "vit_b", "vit_ti_cifar", "vit_s_cifar", "vit_b_cifar"):
+        assert generic not in ours
+        if timm.is_model(generic):  # a user's or a future timm model: never ours
+            assert not timm.models.model_entrypoint(generic).__module__.startswith("srvit")
+    entrypoints = [timm.models.model_entrypoint(n) for n in ours]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # timm warns when a name is registered again
+        assert srvit.register_with_timm() == srvit.TIMM_NAMES
+    assert [timm.models.model_entrypoint(n) for n in ours] == entrypoints
+
+
+def test_former_timm_names_still_build_in_srvit_create_model_with_a_warning() -> None:
+    with pytest.warns(FutureWarning, match="'vit_s' is deprecated.*'loopvision_vit_s'"):
+        old = srvit.create_model("vit_s", **TINY)
+    assert old.config == srvit.create_model("vit-s", **TINY).config
+    with pytest.warns(FutureWarning, match="loopvision_vit_ti_cifar"):
+        cifar = srvit.create_model("vit_ti_cifar", embed_dim=24, num_heads=2, depth=1, num_classes=3)
+    c = cifar.config
+    assert (c.img_size, c.patch_size, c.num_classes, c.family, c.crop_pct) == (32, 4, 3, "vit", 1.0)
+    assert tuple(c.data_mean) == srvit.timm_registration.CIFAR10_MEAN
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        srvit.create_model("vit-s", **TINY)  # the srvit names are unchanged and do not warn
+    assert not [n for n in srvit.list_models() if "_" in n]

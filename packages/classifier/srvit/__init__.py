@@ -2,8 +2,10 @@
 (``bvit-*``, one block applied T times) and SR-ViT (``srvit-*``, every block applied R times with SoftMoR
 fusion) -- with DeiT / CIFAR training and step-sweep evaluation (``srvit train``, ``srvit eval``), timm's
 ``create_model(name, pretrained=False, checkpoint_path=None, **kw)`` surface and a checked recipe for timm DeiT
-weights (:mod:`srvit.timm_compat`). Importing it registers the classifiers with timm (``timm.create_model("srvit_s")``,
-``"vit_ti_cifar"``, ...; :mod:`srvit.timm_registration`).
+weights (:mod:`srvit.timm_compat`). Importing it registers the classifiers with timm under prefixed names only
+(``timm.create_model("srvit_s")``, ``"bvit_ti"``, ``"loopvision_vit_ti_cifar"``, ...; built by timm's
+``build_model_with_cfg``, so ``features_only``, ``in_chans``, ``pretrained_cfg_overlay`` and
+``timm.get_pretrained_cfg`` work as for timm's ViTs; :mod:`srvit.timm_registration`).
 """
 
 from .model import FAMILIES, PatchEmbed, RecursionTrace, RecursiveViT

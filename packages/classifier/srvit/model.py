@@ -477,20 +477,3 @@ class RecursiveViT(TimmClassifierSurface, ReleaseLoadingMixin, ModelMixin, Confi
         self.solver = solver
         self.engine.solver = solver
         return solver
-
-    @property
-    def pretrained_cfg(self) -> dict:
-        """timm's pretrained config of these weights (input size, normalisation, crop, classifier names), from
-        ``config``: ``timm.data.resolve_data_config(model=model)`` reads it."""
-        c = self.config
-        size = {192: "ti", 384: "s", 768: "b"}.get(c.embed_dim)
-        name = f"{c.family}_{size}" + ("_cifar" if c.img_size == 32 else "") if size else c.family
-        return {"architecture": name, "input_size": (c.in_channels, c.img_size, c.img_size),
-                "mean": tuple(c.data_mean), "std": tuple(c.data_std), "crop_pct": c.crop_pct,
-                "interpolation": "bicubic", "num_classes": c.num_classes, "first_conv": "patch_embed.proj",
-                "classifier": "head", "fixed_input_size": True}
-
-    @property
-    def default_cfg(self) -> dict:
-        """timm's older name of :attr:`pretrained_cfg`."""
-        return self.pretrained_cfg
