@@ -163,7 +163,10 @@ def search_section(rows: dict[str, dict[str, Any]]) -> list[str]:
              "the CPU time every arm of the family reached. One seed per arm: the pick is a choice, not a verdict; a "
              "gap under 0.1 dB to the runner-up is flagged as a coin toss. `loopvae-sc` reuses the seven arms its "
              "earlier search ran with identical settings (`docs/study_loopvae/recipe_search.json`, code of "
-             "2026-12-04) and adds the two lr 4e-3 arms.", ""]
+             "2026-12-04) and adds the two lr 4e-3 arms. The searches of 2026-12-06 ran (two at a time, from a "
+             "fixed worktree of the commit each result file names) beside development work on the same 2-core "
+             "machine, so their measured CPU-seconds carry some contention; every arm's step count was fixed in "
+             "advance from the quiet cost probe, and the *final* column compares arms at those planned budgets.", ""]
     for key, family in sf.FAMILIES.items():
         fam_rows = sf.search_rows(key)
         arms = sf.search_arms(family)
