@@ -82,10 +82,7 @@ class TrainConfig:
         """Cross-key checks; raises :class:`ConfigError` naming the key."""
         from looprun.trackers import check_tracker
 
-        try:
-            check_tracker(self.tracker)
-        except ValueError as err:
-            raise ConfigError(str(err)) from None
+        check_tracker(self.tracker)
         if self.protocol not in ("imagenet", "cifar"):
             raise ConfigError(f"protocol must be imagenet or cifar, got {self.protocol!r}")
         for key in ("batch_size", "checkpoint_every", "log_every", "num_classes", "resolution", "lr_reference_batch",

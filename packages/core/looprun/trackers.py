@@ -16,19 +16,22 @@ from typing import Any
 
 import torch
 
+from .config import ConfigError
+
 TRACKERS = ("tensorboard", "wandb", "none")
 WANDB_HINT = "pip install 'loopvision[wandb]'"
 
 
 def check_tracker(name: str) -> None:
-    """``ValueError`` for an unknown tracker or a missing optional package (before any file is written)."""
+    """:class:`looprun.config.ConfigError` for an unknown tracker or a missing optional package (called by the
+    training configs' ``validate``, before any file is written)."""
     if name not in TRACKERS:
-        raise ValueError(f"tracker must be one of {', '.join(TRACKERS)}, got {name!r}")
+        raise ConfigError(f"tracker must be one of {', '.join(TRACKERS)}, got {name!r}")
     if name == "wandb":
         try:
             import wandb  # noqa: F401
         except ImportError:
-            raise ValueError(f"tracker: wandb needs the wandb package, which is not installed: {WANDB_HINT} "
+            raise ConfigError(f"tracker: wandb needs the wandb package, which is not installed: {WANDB_HINT} "
                              "(or use tracker: tensorboard)") from None
 
 

@@ -13,6 +13,13 @@ DATA_HELP = ("WebDataset shards (brace pattern, glob, directory of *.tar, comma-
              "holds spaces or commas) or a folder of image files (read recursively, sorted)")
 
 
+def _add_preprocess(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preprocess", choices=("resize-crop", "adm"), default="resize-crop",
+                   help="how an image becomes its resolution² input: resize-crop (shorter side, antialiased bicubic, "
+                        "centre crop; the default) or adm (ADM's center_crop_arr: box-halving, PIL bicubic, centre "
+                        "crop; the protocol DiT/SiT/REPA/MAR/LightningDiT numbers use)")
+
+
 def _add_weights_and_dtype(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weights", choices=("ema", "model"), default="ema",
                    help="for training run directories: EMA (default) or raw training weights")
@@ -76,10 +83,7 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--skip-corrupt", action="store_true",
                    help="skip undecodable or oversized images (counted in metrics.json as skipped_corrupt) "
                         "instead of stopping at the first one")
-    p.add_argument("--preprocess", choices=("resize-crop", "adm"), default="resize-crop",
-                   help="how an image becomes its resolution² input: resize-crop (shorter side, antialiased bicubic, "
-                        "centre crop; the default) or adm (ADM's center_crop_arr: box-halving, PIL bicubic, centre "
-                        "crop; the protocol DiT/SiT/REPA/MAR/LightningDiT numbers use)")
+    _add_preprocess(p)
     p.add_argument("--save-npz", action="store_true",
                    help="also write the uint8 reconstructions and references as .npz batches in the ADM evaluator's "
                         "layout (OUT/npz/reconstructions.npz, references.npz: arr_0 of shape (N, H, W, 3))")
@@ -163,10 +167,7 @@ def _add_latent_stats(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the posterior samples")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
-    p.add_argument("--preprocess", choices=("resize-crop", "adm"), default="resize-crop",
-                   help="how an image becomes its resolution² input: resize-crop (shorter side, antialiased bicubic, "
-                        "centre crop; the default) or adm (ADM's center_crop_arr: box-halving, PIL bicubic, centre "
-                        "crop; the protocol DiT/SiT/REPA/MAR/LightningDiT numbers use)")
+    _add_preprocess(p)
     p.add_argument("--dry-run", action="store_true", help="print the estimate without writing config.json")
     p.add_argument("--per-channel", action="store_true",
                    help="also write per-channel latents_mean / latents_std (LoopVAE configs; scaling_factor becomes 1)")
@@ -257,10 +258,7 @@ def _add_encode(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=positive_int, default=16)
     p.add_argument("--sample", action="store_true",
                    help="store one posterior sample per image (seeded by its key) instead of the posterior mean")
-    p.add_argument("--preprocess", choices=("resize-crop", "adm"), default="resize-crop",
-                   help="how an image becomes its resolution² input: resize-crop (shorter side, antialiased bicubic, "
-                        "centre crop; the default) or adm (ADM's center_crop_arr: box-halving, PIL bicubic, centre "
-                        "crop; the protocol DiT/SiT/REPA/MAR/LightningDiT numbers use)")
+    _add_preprocess(p)
     p.add_argument("--moments", action="store_true",
                    help="store the posterior mean and log-variance (2C channels) instead of one latent; the latent "
                         "reader draws a new sample per epoch and key (the MAR / REPA cache)")
@@ -311,10 +309,7 @@ def _add_compare(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pairing", choices=("auto", "paired", "welch"), default="auto",
                    help="auto: paired by seed when both arms' checkpoints record the same seed, data, crop and batch "
                         "(same crops in the same order), else Welch")
-    p.add_argument("--preprocess", choices=("resize-crop", "adm"), default="resize-crop",
-                   help="how an image becomes its resolution² input: resize-crop (shorter side, antialiased bicubic, "
-                        "centre crop; the default) or adm (ADM's center_crop_arr: box-halving, PIL bicubic, centre "
-                        "crop; the protocol DiT/SiT/REPA/MAR/LightningDiT numbers use)")
+    _add_preprocess(p)
     p.add_argument("--lpips-net", choices=("vgg", "alex", "none"), default="none",
                    help="add LPIPS per image (needs its backbone weights; see README)")
     p.add_argument("--lpips-weights", default=None)

@@ -132,10 +132,7 @@ class TrainConfig:
             raise ConfigError(f"modulation_lr_scale must be > 0, got {self.modulation_lr_scale}")
         from looprun.trackers import check_tracker
 
-        try:
-            check_tracker(self.tracker)
-        except ValueError as err:
-            raise ConfigError(str(err)) from None
+        check_tracker(self.tracker)
         if self.trainable not in ("all", "decoder"):
             raise ConfigError(f"trainable must be all or decoder, got {self.trainable!r}")
         if self.lpips_net not in ("vgg", "alex"):
