@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from diffusers import (
+    AutoModel,
     DDIMScheduler,
     DiffusionPipeline,
     FlowMatchEulerDiscreteScheduler,
@@ -62,6 +63,7 @@ def test_the_config_carries_what_pipelines_read() -> None:
     vae = _tiny_vae()
     cfg = vae.config
     assert 2 ** (len(cfg.block_out_channels) - 1) == cfg.latent_factor == 8  # pipelines' vae_scale_factor
+    assert list(cfg.block_out_channels) == [cfg.width] * 4  # the width at full resolution, 2x, 4x and 8x
     assert (cfg.latent_channels, cfg.scaling_factor, cfg.shift_factor, cfg.force_upcast) == (16, 1.0, 0.0, False)
     with pytest.raises(ValueError, match="block_out_channels .* latent_factor 8 needs 4"):
         LoopVAE(width=48, num_blocks=1, norm_num_groups=8, block_out_channels=(48, 48))
@@ -113,8 +115,11 @@ def test_a_saved_pipeline_folder_holds_the_loopvae_where_diffusers_looks(tmp_pat
     expected = vae(x).sample
     again = LoopVAE.from_pretrained(tmp_path / "pipe", subfolder="vae")
     assert torch.equal(again(x).sample, expected)
-    reloaded = DiffusionPipeline.from_pretrained(tmp_path / "pipe")
+    reloaded = DiffusionPipeline.from_pretrained(tmp_path / "pipe")  # model_index.json names loopvae.model
     assert isinstance(reloaded.vae, LoopVAE) and torch.equal(reloaded.vae(x).sample, expected)
+    assert reloaded.vae_scale_factor == 8
+    auto = AutoModel.from_pretrained(str(tmp_path / "pipe"), subfolder="vae")
+    assert isinstance(auto, LoopVAE) and torch.equal(auto(x).sample, expected)
     # and the loopvae tools take the pipeline's vae/ folder directly
     from loopvae.loading import load_tokenizer
 

@@ -110,3 +110,87 @@ def test_enable_tiling_takes_diffusers_call_styles_without_touching_the_config(t
                        (dict(tile_sample_size=64, tile_sample_stride_height=80), "stride")):
         with pytest.raises((TypeError, ValueError), match=match):
             vae.enable_tiling(**bad)
+
+
+def _tiny_computing() -> loopvae.LoopVAE:
+    torch.manual_seed(0)  # the same weights on every call
+    vae = loopvae.create_model("loopvae-cnn-tiny").eval()  # sample_size 128: one 128-px tile by default
+    randomize_(vae.encoder.core, std=0.05)
+    randomize_(vae.decoder.core, std=0.05, seed=1)
+    return vae
+
+
+@torch.no_grad()
+def _encode_decode(vae: loopvae.LoopVAE, x: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return vae.encode(x).latent_dist.mode(), vae.decode(z).sample
+
+
+def test_autoencoderkl_tiling_attributes_set_directly_govern_tiling() -> None:
+    """Scripts written for AutoencoderKL set ``use_tiling`` / ``tile_sample_min_size`` / ``tile_latent_min_size`` /
+    ``tile_overlap_factor`` directly: each changes the result exactly as the equivalent ``enable_tiling`` call."""
+    vae = _tiny_computing()
+    x, z = torch.rand(1, 3, 128, 128) * 2 - 1, torch.randn(1, 16, 16, 16)
+    default_lat, default_img = _encode_decode(vae, x, z)
+    assert (vae.tile_sample_min_size, vae.tile_latent_min_size, vae.tile_overlap_factor) == (128, 16, 0.25)
+
+    vae.tile_sample_min_size = 64  # without use_tiling nothing tiles (AutoencoderKL's rule)
+    assert all(torch.equal(a, b) for a, b in zip(_encode_decode(vae, x, z), (default_lat, default_img)))
+    vae.use_tiling = True
+    direct_lat, direct_img = _encode_decode(vae, x, z)
+    assert not torch.equal(direct_lat, default_lat) and not torch.equal(direct_img, default_img)
+    assert (vae.tile_sample_size, vae.tile_latent_min_size) == (64, 8)  # one setting, two names
+
+    reference = _tiny_computing()
+    reference.enable_tiling(tile_sample_size=64)
+    ref_lat, ref_img = _encode_decode(reference, x, z)
+    assert torch.equal(direct_lat, ref_lat) and torch.equal(direct_img, ref_img)
+
+    vae.tile_sample_min_size = 128  # the latent side names the same tile: 8 latent pixels = 64 image pixels
+    vae.tile_latent_min_size = 8
+    assert vae.tile_sample_min_size == 64
+    assert all(torch.equal(a, b) for a, b in zip(_encode_decode(vae, x, z), (ref_lat, ref_img)))
+
+    vae.tile_overlap_factor = 0.5  # and after enable_tiling too
+    reference.enable_tiling(tile_overlap_factor=0.5)
+    half_lat, half_img = _encode_decode(vae, x, z)
+    assert not torch.equal(half_img, ref_img) and not torch.equal(half_lat, ref_lat)
+    assert all(torch.equal(a, b) for a, b in zip(_encode_decode(reference, x, z), (half_lat, half_img)))
+    vae.disable_tiling()
+    assert all(torch.equal(a, b) for a, b in zip(_encode_decode(vae, x, z), (default_lat, default_img)))
+
+
+def test_direct_tiling_attributes_are_validated_and_stay_out_of_the_config(tmp_path) -> None:
+    vae = loopvae.create_model("loopvae-cnn-tiny")
+    before = dict(vae.config)
+    vae.tile_sample_min_size, vae.tile_overlap_factor = 256, 0.5
+    vae.tile_latent_min_size = 24.0  # AutoencoderKL code computes it as a float: integral values are accepted
+    assert (vae.tile_sample_size, vae.tile_overlap_factor) == (192, 0.5)
+    for name, bad, error, match in (
+        ("tile_sample_min_size", 100, ValueError, "tile_sample_min_size 100: .* multiple of 8"),
+        ("tile_sample_min_size", 0, ValueError, "positive multiple of 8"),
+        ("tile_sample_size", 60, ValueError, "multiple of 8"),
+        ("tile_latent_min_size", -2, ValueError, r"tile_latent_min_size -2 \(x8 = -16 image pixels\)"),
+        ("tile_sample_min_size", 64.5, TypeError, "must be an integer"),
+        ("tile_sample_min_size", True, TypeError, "must be an integer"),
+        ("tile_overlap_factor", 1.0, ValueError, r"tile_overlap_factor must be in \[0, 1\)"),
+        ("tile_overlap_factor", -0.1, ValueError, r"in \[0, 1\)"),
+    ):
+        with pytest.raises(error, match=match):
+            setattr(vae, name, bad)
+    assert (vae.tile_sample_size, vae.tile_overlap_factor) == (192, 0.5)  # a rejected value changes nothing
+    with pytest.raises(ValueError, match=r"in \[0, 1\)"):
+        vae.enable_tiling(tile_sample_size=64, tile_overlap_factor=2.0)
+    assert vae.tile_sample_size == 192  # enable_tiling validates everything before changing anything
+    assert dict(vae.config) == before
+    vae.save_pretrained(tmp_path / "saved")
+    saved = json.loads((tmp_path / "saved" / "config.json").read_text())
+    assert (saved["sample_size"], saved["tile_overlap_factor"]) == (128, 0.25)
+    # a model with a deeper latent (x16) needs tiles that are multiples of 16, in either unit
+    multi = loopvae.LoopVAE(width=16, num_blocks=1, norm_num_groups=4, latent_channels=4, latent_factor=8,
+                            extra_latents=[[16, 8]], encoder_passes=(1, 1, 1, 1), decoder_passes=(1, 1, 1, 1))
+    with pytest.raises(ValueError, match="multiple of 16"):
+        multi.tile_sample_min_size = 72
+    with pytest.raises(ValueError, match=r"x8 = 72 image pixels.*multiple of 16"):
+        multi.tile_latent_min_size = 9
+    multi.tile_latent_min_size = 10
+    assert (multi.tile_sample_min_size, multi.tile_latent_min_size) == (80, 10)

@@ -4,6 +4,11 @@
 main), ``loopvae-vit-f8d16``, ``loopvae-multi``, ``loopvae-cnn-tiny`` (CPU demo), ``sd-vae`` and
 ``flux-vae`` (diffusers ``AutoencoderKL`` with the exact published configs) and ``flux-vae-tiny`` (the
 FLUX layout at CPU size, the matched reference of the LoopVAE study).
+
+Importing ``loopvae`` makes ``LoopVAE`` loadable by diffusers' generic loaders: ``diffusers.AutoModel.from_pretrained``
+on a LoopVAE folder (the import registers the class where ``AutoModel`` looks a ``config.json``'s ``_class_name``
+up) and ``DiffusionPipeline.from_pretrained`` on a pipeline whose ``model_index.json`` names ``loopvae.model``
+(diffusers resolves that module only if it is already imported). Import it first.
 """
 
 from .branches import DecoderPasses, LoopDecoder, LoopEncoder

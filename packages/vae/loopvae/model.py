@@ -17,6 +17,7 @@ The public surface is diffusers' ``AutoencoderKL``: ``encode`` -> ``AutoencoderK
 from __future__ import annotations
 
 import contextlib
+import operator
 import warnings
 from collections.abc import Sequence
 
@@ -35,6 +36,19 @@ from .tiling import tiled_apply
 
 # What a config.json without a ``shortcuts`` key was built with (every release before the key existed).
 LEGACY_SHORTCUTS = True
+
+# diffusers' hub options, which ``diffusers.AutoModel.from_pretrained`` passes on (``None`` when not given).
+HUB_KWARGS = ("cache_dir", "force_download", "local_files_only", "proxies", "revision", "token", "subfolder")
+
+
+def level_widths(width: int, latent_factor: int) -> list[int]:
+    """A LoopVAE's channel width at each resolution level, full resolution first, down to the latent factor.
+
+    ``log2(latent_factor) + 1`` levels (AutoencoderKL's ``block_out_channels`` layout); a LoopVAE has one width
+    at every level: the decoder's output head works at full resolution, stem, stages and transitions at
+    ``2x .. latent_factor``, all with ``width`` channels.
+    """
+    return [int(width)] * int(latent_factor).bit_length()
 
 
 class LoopVAE(ReleaseLoadingMixin, ModelMixin, AutoencoderMixin, ConfigMixin):
@@ -71,12 +85,19 @@ class LoopVAE(ReleaseLoadingMixin, ModelMixin, AutoencoderMixin, ConfigMixin):
         latent_statistics: where ``loopvae latent-stats`` got them (data, image count, resolution,
             posterior, seed); ``None`` until estimated. Not used by the network.
         force_upcast: diffusers pipelines upcast the VAE to fp32 when true (not needed: LoopVAE is bf16-safe).
-        block_out_channels: what diffusers pipelines read to size latents
-            (``vae_scale_factor = 2 ** (len(block_out_channels) - 1)``): ``log2(latent_factor) + 1`` entries.
-            Derived as ``[width] * (log2(latent_factor) + 1)`` when not given (and for configs saved before
-            the key existed); a given value must have that length. Not used by the network itself.
-        tile_overlap_factor: default tile overlap as a fraction of the tile side (``enable_tiling`` may set
-            another for the session without changing the config).
+        block_out_channels: the channel width of the feature maps at each resolution level, from full
+            resolution to the primary latent (AutoencoderKL's meaning: one entry per level, so diffusers
+            pipelines' ``vae_scale_factor = 2 ** (len(block_out_channels) - 1)`` is the latent factor):
+            ``log2(latent_factor) + 1`` entries. Level 0 is the full-resolution map (the decoder's output
+            head conv; the encoder's stem reads the image there), level ``s`` the stage at ``2**s`` (stem
+            and stages, transitions, heads). A LoopVAE has one width ``C`` at every level, so the widths are
+            ``[width] * (log2(latent_factor) + 1)`` (``[48, 48, 48, 48]`` for ``loopvae-cnn-tiny``; see
+            :func:`level_widths`). Derived when not given (and for configs saved before the key existed); a
+            given value must equal it. A saved config with other values of the right length loads with a
+            ``FutureWarning`` and the real widths. Informative: the network is built from ``width``.
+        tile_overlap_factor: default tile overlap as a fraction of the tile side. The model's attribute of
+            the same name (set directly or by ``enable_tiling``) is the runtime setting; the config keeps
+            the default.
         latents_mean, latents_std: per-channel latent statistics (diffusers' convention for per-channel
             normalisation: ``z_model = (z - mean_c) * scaling_factor / std_c``), written by ``loopvae
             latent-stats --per-channel``; ``None`` until estimated. Not used by the network.
@@ -118,17 +139,22 @@ class LoopVAE(ReleaseLoadingMixin, ModelMixin, AutoencoderMixin, ConfigMixin):
         latents_std: Sequence[float] | None = None,
     ) -> None:
         super().__init__()
-        levels = int(latent_factor).bit_length()  # log2(f) + 1 for a power of two
         if latent_factor < 2 or latent_factor & (latent_factor - 1):
             raise ValueError(f"latent_factor must be a power of two >= 2, got {latent_factor}")
+        widths = level_widths(width, latent_factor)
         if block_out_channels is None:
             # Registered so that pipelines' vae_scale_factor = 2 ** (len - 1) equals the latent factor.
-            self.register_to_config(block_out_channels=[int(width)] * levels)
-        elif len(block_out_channels) != levels:
+            self.register_to_config(block_out_channels=widths)
+        elif len(block_out_channels) != len(widths):
             raise ValueError(
                 f"block_out_channels {list(block_out_channels)} has {len(block_out_channels)} entries; diffusers "
                 f"pipelines read 2 ** (len - 1) as the latent factor, so latent_factor {latent_factor} needs "
-                f"{levels} (or leave it unset)"
+                f"{len(widths)} (or leave it unset)"
+            )
+        elif [int(c) for c in block_out_channels] != widths:
+            raise ValueError(
+                f"block_out_channels {list(block_out_channels)} are not this model's widths {widths} (one width "
+                f"{width} at every level from full resolution to the latent); leave it unset"
             )
         if len(encoder_passes) != len(decoder_passes):
             raise ValueError(
@@ -166,8 +192,10 @@ class LoopVAE(ReleaseLoadingMixin, ModelMixin, AutoencoderMixin, ConfigMixin):
             raise ValueError(f"latents_std must be positive, got {list(latents_std)}")
         self.use_slicing = False
         self.use_tiling = False
-        self.tile_sample_size = sample_size
-        self.tile_overlap_factor = tile_overlap_factor  # runtime setting (enable_tiling); the config keeps the default
+        # Runtime tiling settings (enable_tiling, or the AutoencoderKL attributes set directly); the config keeps
+        # the defaults. One tile side: tile_sample_size = tile_sample_min_size = tile_latent_min_size * factor.
+        self._tile_sample_size = sample_size
+        self._tile_overlap_factor = tile_overlap_factor
 
     RENAMED_KEYS = {"encoder_loops": RenamedKey("encoder_passes"), "decoder_loops": RenamedKey("decoder_passes"),
                     "norm_groups": RenamedKey("norm_num_groups")}
@@ -192,7 +220,17 @@ class LoopVAE(ReleaseLoadingMixin, ModelMixin, AutoencoderMixin, ConfigMixin):
                 "write fusion_mode alone ('last' = no fusion)", FutureWarning, stacklevel=2,
             )
             config["fusion_mode"] = mode
-        return super().upgrade_config(config, source)
+        config = super().upgrade_config(config, source)
+        given, width, factor = (config.get(k) for k in ("block_out_channels", "width", "latent_factor"))
+        if given is not None and isinstance(width, int) and isinstance(factor, int) and factor >= 2:
+            widths = level_widths(width, factor)  # a whole config (config.json); partial overrides meet __init__
+            if isinstance(given, (list, tuple)) and len(given) == len(widths) and list(given) != widths:
+                warnings.warn(
+                    f"{source}: block_out_channels {list(given)} are not the model's widths; read as {widths} (one "
+                    f"width {width} at every level from full resolution to the latent)", FutureWarning, stacklevel=2,
+                )
+                config["block_out_channels"] = widths
+        return config
 
     @classmethod
     def load_config(cls, *args, **kwargs):
@@ -206,6 +244,15 @@ class LoopVAE(ReleaseLoadingMixin, ModelMixin, AutoencoderMixin, ConfigMixin):
         config.setdefault("shortcuts", LEGACY_SHORTCUTS)
         return loaded
 
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        """Load a release, a ``save_pretrained`` folder or a pipeline's ``subfolder`` (see
+        :class:`looprun.release.ReleaseLoadingMixin`). Hub options given as ``None`` (``diffusers.AutoModel``
+        passes every one) are dropped, so ``AutoModel.from_pretrained(release)`` takes the same path (and
+        the same checks) as ``LoopVAE.from_pretrained(release)``."""
+        kwargs = {k: v for k, v in kwargs.items() if not (k in HUB_KWARGS and v is None)}
+        return super().from_pretrained(*args, **kwargs)
+
     # -- helpers ---------------------------------------------------------------------------------
     @property
     def downsample_factor(self) -> int:
@@ -215,6 +262,72 @@ class LoopVAE(ReleaseLoadingMixin, ModelMixin, AutoencoderMixin, ConfigMixin):
     def get_last_layer(self) -> torch.Tensor:
         """Weight of the final RGB conv, for the LDM adaptive GAN weight."""
         return self.decoder.head.conv_out.weight
+
+    # -- tiling settings -------------------------------------------------------------------------
+    # One tile side, stored once; AutoencoderKL's attribute names are views of it, so code that sets
+    # ``vae.tile_sample_min_size`` / ``tile_latent_min_size`` / ``tile_overlap_factor`` directly (as many
+    # diffusers scripts do) governs tiling exactly as ``enable_tiling`` does. None of them touches the config.
+    def _check_tile_side(self, value, name: str, pixels_per_unit: int = 1) -> int:
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)  # AutoencoderKL code often computes sides as floats (sample_size / 8)
+        try:
+            if isinstance(value, bool):
+                raise TypeError
+            value = operator.index(value)  # ints and numpy integers
+        except TypeError:
+            raise TypeError(f"{name} must be an integer, got {value!r}") from None
+        factor = max(self.latent_channels_by_factor)
+        side = value * pixels_per_unit
+        if side <= 0 or side % factor:
+            scaled = f" (x{pixels_per_unit} = {side} image pixels)" if pixels_per_unit > 1 else ""
+            given = f"{name} {value!r}{scaled}"
+            raise ValueError(f"{given}: the tile side must be a positive multiple of {factor} image pixels (the "
+                             "model's largest latent factor)")
+        return side
+
+    @staticmethod
+    def _check_overlap(value) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+            raise ValueError(f"tile_overlap_factor must be in [0, 1), got {value!r}")
+        return float(value)
+
+    @property
+    def tile_sample_size(self) -> int:
+        """Tile side in image pixels (default ``sample_size``); tiling applies to inputs larger than a tile."""
+        return self._tile_sample_size
+
+    @tile_sample_size.setter
+    def tile_sample_size(self, value: int) -> None:
+        self._tile_sample_size = self._check_tile_side(value, "tile_sample_size")
+
+    @property
+    def tile_sample_min_size(self) -> int:
+        """AutoencoderKL's name of :attr:`tile_sample_size` (the same setting)."""
+        return self._tile_sample_size
+
+    @tile_sample_min_size.setter
+    def tile_sample_min_size(self, value: int) -> None:
+        self._tile_sample_size = self._check_tile_side(value, "tile_sample_min_size")
+
+    @property
+    def tile_latent_min_size(self) -> int:
+        """AutoencoderKL's latent tile side: ``tile_sample_size // latent_factor`` (``2 ** (len(block_out_channels) -
+        1)``) for the primary latent. Setting it sets ``tile_sample_size = value * latent_factor`` (a decoder entry
+        at another factor ``f`` uses ``tile_sample_size // f``)."""
+        return self._tile_sample_size // self.config.latent_factor
+
+    @tile_latent_min_size.setter
+    def tile_latent_min_size(self, value: int) -> None:
+        self._tile_sample_size = self._check_tile_side(value, "tile_latent_min_size", self.config.latent_factor)
+
+    @property
+    def tile_overlap_factor(self) -> float:
+        """Overlap of neighbouring tiles as a fraction of the tile side, in [0, 1) (default: the config's)."""
+        return self._tile_overlap_factor
+
+    @tile_overlap_factor.setter
+    def tile_overlap_factor(self, value: float) -> None:
+        self._tile_overlap_factor = self._check_overlap(value)
 
     def enable_tiling(
         self, use_tiling: bool = True, tile_sample_size: int | None = None, tile_overlap_factor: float | None = None,
@@ -226,8 +339,10 @@ class LoopVAE(ReleaseLoadingMixin, ModelMixin, AutoencoderMixin, ConfigMixin):
         Takes diffusers' call styles: ``enable_tiling()``, ``enable_tiling(True)`` / ``enable_tiling(False)`` (older
         diffusers' ``use_tiling``), ``enable_tiling(tile_sample_size=256, tile_overlap_factor=0.25)`` and the newer
         VAEs' ``tile_sample_min_height/width`` (square tiles) with ``tile_sample_stride_height/width`` (overlap =
-        1 - stride / tile). Settings last for this model object; ``config`` (and ``save_pretrained``) keep the
-        defaults.
+        1 - stride / tile). AutoencoderKL's attributes set directly do the same: ``vae.use_tiling = True``,
+        ``vae.tile_sample_min_size = 256`` (= ``tile_sample_size``), ``vae.tile_latent_min_size = 32`` (the same
+        side in latent pixels), ``vae.tile_overlap_factor = 0.25``. Settings last for this model object; ``config``
+        (and ``save_pretrained``) keep the defaults.
         """
         if not isinstance(use_tiling, bool):
             raise TypeError(f"enable_tiling's first argument is use_tiling (a bool), got {use_tiling!r}; pass the "
@@ -247,20 +362,18 @@ class LoopVAE(ReleaseLoadingMixin, ModelMixin, AutoencoderMixin, ConfigMixin):
             if not 0 < stride <= side:
                 raise ValueError(f"tile_sample_stride {stride} must be in (0, tile side {side}]")
             tile_overlap_factor = 1 - stride / side
-        if tile_sample_size is not None:
-            factor = max(self.latent_channels_by_factor)
-            if isinstance(tile_sample_size, bool) or tile_sample_size <= 0 or tile_sample_size % factor:
-                raise ValueError(f"tile_sample_size {tile_sample_size!r} must be a positive multiple of {factor}")
-            self.tile_sample_size = tile_sample_size
-        if tile_overlap_factor is not None:
-            if not 0 <= tile_overlap_factor < 1:
-                raise ValueError(f"tile_overlap_factor must be in [0, 1), got {tile_overlap_factor}")
-            self.tile_overlap_factor = tile_overlap_factor
+        # validate everything before changing anything
+        side = self._check_tile_side(tile_sample_size, "tile_sample_size") if tile_sample_size is not None else None
+        overlap = self._check_overlap(tile_overlap_factor) if tile_overlap_factor is not None else None
+        if side is not None:
+            self._tile_sample_size = side
+        if overlap is not None:
+            self._tile_overlap_factor = overlap
         self.use_tiling = use_tiling
 
     def _tile_geometry(self, factor: int) -> tuple[int, int]:
-        tile = self.tile_sample_size
-        overlap = round(tile * self.tile_overlap_factor) // factor * factor
+        tile = self._tile_sample_size
+        overlap = round(tile * self._tile_overlap_factor) // factor * factor
         return tile, overlap
 
     def _check_image(self, x: torch.Tensor, factor: int) -> None:
@@ -391,3 +504,24 @@ class LoopVAE(ReleaseLoadingMixin, ModelMixin, AutoencoderMixin, ConfigMixin):
         posterior = self.encode(sample).latent_dist
         z = posterior.sample(generator=generator) if sample_posterior else posterior.mode()
         return self.decode(z, return_dict=return_dict, decoder_passes=decoder_passes)
+
+
+def register_with_diffusers() -> None:
+    """Make ``diffusers.AutoModel.from_pretrained`` resolve a ``config.json`` naming ``LoopVAE``.
+
+    ``AutoModel`` looks a standalone folder's ``_class_name`` up as an attribute of the ``diffusers`` package
+    (its only other route is ``auto_map`` + ``trust_remote_code=True``, which needs a Python file in every
+    model folder), so importing :mod:`loopvae` puts :class:`LoopVAE` there; without the import it raises
+    "`diffusers` has no class `LoopVAE`". A ``LoopVAE`` that diffusers itself defines is left alone.
+    """
+    import diffusers
+
+    current = getattr(diffusers, "LoopVAE", None)
+    if current is None or getattr(current, "__module__", None) == __name__:  # also after a reload of this module
+        diffusers.LoopVAE = LoopVAE
+    else:
+        warnings.warn(f"diffusers defines its own LoopVAE ({current.__module__}); diffusers.AutoModel will load that "
+                      "class, not loopvae.LoopVAE: use loopvae.LoopVAE.from_pretrained", stacklevel=2)
+
+
+register_with_diffusers()
