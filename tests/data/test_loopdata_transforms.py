@@ -62,7 +62,10 @@ def test_reconstruction_scale_jitter_is_validated_and_applied():
     with pytest.raises(ValueError, match="1 <= min <= max"):
         build_transforms("reconstruction", True, 16, make_options("reconstruction", scale=(0.5, 1.0)))
     tf = build_transforms("reconstruction", True, 16, make_options("reconstruction", scale=(1.0, 2.0)))
-    assert tf.draft_size == 32 and run(tf, jpeg(50, 40)).shape == (3, 16, 16)
+    assert tf.draft_size is None and run(tf, jpeg(50, 40)).shape == (3, 16, 16)  # full decoding by default
+    drafted = build_transforms("reconstruction", True, 16, make_options("reconstruction", scale=(1.0, 2.0),
+                                                                          draft=True))
+    assert drafted.draft_size == 32  # the largest jittered side: draft decoding keeps at least that
 
 
 def test_batch_normalize_equals_torchvision_normalize():
