@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from study_loopvae import Arm, Timings, train_arms, train_throughput  # noqa: E402
+from study_loopvae import Arm, Timings, _finished, train_arms, train_throughput  # noqa: E402
 from study_vae_data import release_data  # noqa: E402
 
 PRESET = "release-tiny"
@@ -437,12 +437,14 @@ def search_rows(key: str) -> dict[str, dict[str, Any]]:
 
 
 # -- running -----------------------------------------------------------------------------------------
-def run_planned(planned: list[Planned], data: Any, runs: Path, jobs: int, timings: Timings) -> None:
-    """Train what has no result file yet; each finished (or failed) run writes its result file at once."""
+def run_planned(planned: list[Planned], data: Any, runs: Path, jobs: int, timings: Timings,
+                collect_only: bool = False) -> None:
+    """Train what has no result file yet; each finished (or failed) run writes its result file at once. Runs that
+    finished in an earlier, interrupted invocation get their result file first (``collect_only``: nothing else)."""
     todo = [p for p in planned if load_result(p.arm.name) is None]
     by_name = {p.arm.name: p for p in todo}
 
-    def done(arm: Arm, code: int) -> None:
+    def done(arm: Arm, code: int, collected: bool = False) -> None:
         p = by_name[arm.name]
         run = runs / arm.name
         curve_file = run / "validation.json"
@@ -453,7 +455,10 @@ def run_planned(planned: list[Planned], data: Any, runs: Path, jobs: int, timing
                       status="finished" if code == 0 else "failed", exit_code=code,
                       curve=json.loads(curve_file.read_text()) if curve_file.is_file() else [],
                       train_seconds=summary.get("train_seconds"), wall_seconds=timings.data["train"].get(arm.name),
-                      date=time.strftime("%Y-%m-%d %H:%M"), code=code_version(), threads=1, jobs=jobs)
+                      date=time.strftime("%Y-%m-%d %H:%M"), threads=1, jobs=jobs,
+                      # a run finished by an earlier, interrupted driver: the code it trained on is not known here
+                      code=({"commit": "not recorded (finished under an interrupted driver)",
+                             "collected_by": code_version()} if collected else code_version()))
         if code != 0 and log_file.is_file():
             record["log_tail"] = log_file.read_text().splitlines()[-12:]
         if code == 0 and p.record["phase"] == "main":
@@ -461,12 +466,13 @@ def run_planned(planned: list[Planned], data: Any, runs: Path, jobs: int, timing
         write_result(arm.name, record)
         print(f"  result {result_path(arm.name)} ({record['status']})", flush=True)
 
-    if todo:
+    for p in todo:  # finished in an earlier invocation that stopped before writing the result
+        if load_result(p.arm.name) is None and _finished(runs / p.arm.name):
+            done(p.arm, 0, collected=True)
+    todo = [p for p in todo if load_result(p.arm.name) is None]
+    if todo and not collect_only:
         train_arms([p.arm for p in todo], data, runs, jobs, 1, timings, preset=PRESET,
                    extra_args=("--val-data", data.validation), on_done=done)
-    for p in todo:  # finished in an earlier invocation that stopped before writing the result
-        if load_result(p.arm.name) is None and (runs / p.arm.name / "release").is_dir():
-            done(p.arm, 0)
 
 
 def main() -> int:
@@ -481,6 +487,8 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--docs", default="docs/study_fair", help="where result files go (default: docs/study_fair)")
     parser.add_argument("--scale", type=float, default=1.0, help="scale every step count (smoke runs only)")
+    parser.add_argument("--collect-only", action="store_true",
+                        help="write the result files of runs that finished in an interrupted invocation; train nothing")
     args = parser.parse_args()
     DOCS, RESULTS, STEP_SCALE = Path(args.docs), Path(args.docs) / "runs", args.scale
     runs = Path(args.runs)
@@ -492,18 +500,19 @@ def main() -> int:
     costs = probe(models)
     print("images/s (1 thread):", json.dumps(costs["images_per_second"]), flush=True)
     if "shapes" in args.phase:
-        run_planned(plan_shapes(costs), data, runs, args.jobs, timings)
+        run_planned(plan_shapes(costs), data, runs, args.jobs, timings, args.collect_only)
         print("shape winner:", shape_winner(), flush=True)
     if "search" in args.phase:
-        run_planned(plan_search(costs, args.families), data, runs, args.jobs, timings)
+        run_planned(plan_search(costs, args.families), data, runs, args.jobs, timings, args.collect_only)
     if "main" in args.phase:
-        check_main_code(DOCS / "plan.json")
+        if not args.collect_only:
+            check_main_code(DOCS / "plan.json")
         planned = [p for p in main_runs(costs, tuple(args.seeds) if args.seeds else MAIN_SEEDS)
                    if p.record["family"] in args.families]
         # longest first: the equal-CPU runs, then by seed so that every arm's first seeds finish early
         planned.sort(key=lambda p: (p.arm.seed, -p.record["steps"] / costs["images_per_second"].get(
             p.record["family"], 30.0)))
-        run_planned(planned, data, runs, args.jobs, timings)
+        run_planned(planned, data, runs, args.jobs, timings, args.collect_only)
     return 0
 
 
