@@ -213,8 +213,12 @@ def main_section(rows: dict[str, dict[str, Any]], costs: dict[str, Any]) -> tupl
     if plan:
         lines.append(f"Every main run trains on commit `{plan['main_commit'][:10]}` (`plan.json`; the driver refuses "
                      "other training code).")
+    waiting = [k for k in sf.FAMILIES if sf.pick_recipe(k) is None]
+    if waiting:
+        lines += ["", f"Arms whose recipe search has not finished (their main runs are planned once it has): "
+                      f"{', '.join(f'`{k}`' for k in waiting)}."]
     if missing:
-        lines += ["", f"**Not yet run** ({len(missing)} of {len(planned)} planned runs): "
+        lines += ["", f"**Not yet run** ({len(missing)} of the {len(planned)} runs planned so far): "
                       f"{', '.join(f'`{m}`' for m in missing)}. Every number below covers the finished runs only; "
                       "a comparison whose arms lack runs is absent, not estimated.", ""]
     if not arms:
