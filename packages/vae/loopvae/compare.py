@@ -92,13 +92,13 @@ def _eval_dir(out: Path, arm: str, index: int, checkpoint: str) -> Path:
     return out / "evals" / arm / f"{index}-{safe}"
 
 
-def _evaluate_once(checkpoint: str, data: str, target: Path, options: CompareOptions) -> dict[str, Any]:
+def _evaluate_once(checkpoint: str, data: str, target: Path, options: CompareOptions,
+                   weights: dict[str, str]) -> dict[str, Any]:
     """``loopvae eval`` of one checkpoint into ``target``; an earlier result there with the same weights, data,
     resolution and limit is reused (a long comparison resumes)."""
     metrics_file = target / "metrics.json"
     if metrics_file.is_file() and (target / "per_image.json").is_file():
         old = json.loads(metrics_file.read_text())
-        weights = load_tokenizer(checkpoint, options.weights).weights_sha256
         same = (old["data"] == {"urls": data, "resolution": options.resolution, "limit": options.limit}
                 and old.get("preprocessing", {}).get("method") == options.preprocess
                 and not old.get("preprocessing", {}).get("jpeg_draft", True)
@@ -113,10 +113,10 @@ def _evaluate_once(checkpoint: str, data: str, target: Path, options: CompareOpt
         weights=options.weights, skip_corrupt=options.skip_corrupt, grid_images=4, preprocess=options.preprocess))
 
 
-def _architecture(checkpoint: str, resolution: int, weights: str) -> dict[str, Any]:
+def _architecture(checkpoint: str, resolution: int, weights: str, loaded: Any = None) -> dict[str, Any]:
     """Class, parameters, GMACs at ``resolution``^2 (batch 1, meta device), values per latent pixel, and what
     the checkpoint's ``release.json`` says about its training order (seed, data, crop, batch)."""
-    loaded = load_tokenizer(checkpoint, weights)
+    loaded = loaded if loaded is not None else load_tokenizer(checkpoint, weights)
     model = loaded.model
     with torch.device("meta"):
         twin = type(model).from_config(model.config)
@@ -181,10 +181,12 @@ def compare(arms: dict[str, list[str]], data: str, out_dir: str | Path, options:
         for i, ckpt in enumerate(checkpoints):
             log.info("arm %s, checkpoint %d/%d: %s", name, i + 1, len(checkpoints), ckpt)
             target = _eval_dir(out, name, i, ckpt)
-            metrics = _evaluate_once(ckpt, data, target, options)
+            loaded = load_tokenizer(ckpt, options.weights)  # once: its checksums and its architecture
+            metrics = _evaluate_once(ckpt, data, target, options, loaded.weights_sha256)
             rows = sorted(json.loads((target / "per_image.json").read_text()), key=lambda r: (r["shard"], r["key"]))
-            evaluated[name].append(SeedEvaluation(ckpt, rows, _architecture(ckpt, options.resolution, options.weights),
-                                                  metrics["lpips"], metrics["baseline"]["low_resolution"]))
+            arch = _architecture(ckpt, options.resolution, options.weights, loaded)
+            evaluated[name].append(SeedEvaluation(ckpt, rows, arch, metrics["lpips"],
+                                                  metrics["baseline"]["low_resolution"]))
     from loopdata.transforms import describe_preprocessing, make_options
 
     protocol = {"data": data, "resolution": options.resolution, "limit": options.limit, "weights": options.weights,

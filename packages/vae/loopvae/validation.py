@@ -47,6 +47,7 @@ class ValidationMetrics:
     lpips_reason: str | None = "LPIPS skipped"
     fid_weights: str | None = None
     fid_reason: str | None = None
+    fid: Any = None  # the FID metric, built once (Inception loaded once per run) and reset per validation
 
     @classmethod
     def build(cls, lpips_net: str, lpips_weights: str | None, fid_weights: str | None,
@@ -56,7 +57,8 @@ class ValidationMetrics:
 
         lpips, reason = build_lpips(EvalOptions(lpips_net=lpips_net, lpips_weights=lpips_weights), device)
         fid, fid_reason, fid_path = build_fid(fid_weights)
-        return cls(lpips, reason, str(fid_path) if fid is not None else None, fid_reason)
+        return cls(lpips, reason, str(fid_path) if fid is not None else None, fid_reason,
+                   None if fid is None else fid.to(device))
 
 
 @torch.no_grad()
@@ -75,11 +77,13 @@ def validation_psnr(model: torch.nn.Module, data: ValidationSet, ctx: Distribute
                                   world_size=ctx.world_size)
     model.eval()
     device = next(model.parameters()).device
-    fid = None
-    if metrics.fid_weights is not None:
+    if metrics.fid is None and metrics.fid_weights is not None:
         from .metrics import build_fid
 
-        fid = build_fid(metrics.fid_weights)[0].to(device)
+        metrics.fid = build_fid(metrics.fid_weights)[0].to(device)
+    fid = metrics.fid
+    if fid is not None:
+        fid.reset()  # this validation's images only
     values: list[tuple[float, float, float | None]] = []
     for batch in loader:
         if len(values) >= quota:
