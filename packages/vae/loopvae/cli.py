@@ -205,6 +205,12 @@ def _add_profile(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--plain-blocks", action="store_true",
                    help="time the cores' blocks with the plain adaLN-Zero formula instead of the fused one")
+    p.add_argument("--breakdown", action="store_true",
+                   help="CPU: time by op class (convolutions, norms, elementwise, attention, optimizer, ...) with MACs, "
+                        "bytes moved and a roofline from this machine's measured peaks, for a reconstruction and a "
+                        "training step of each --models entry -> breakdown.json, breakdown.png, profile.md")
+    p.add_argument("--train-batch", type=positive_int, default=8, help="--breakdown: crops per training step")
+    p.add_argument("--train-resolution", type=positive_int, default=64, help="--breakdown: training crop side")
     add_speed_arguments(p)
 
 
@@ -221,7 +227,8 @@ def _profile(args: argparse.Namespace) -> int:
     profile(models, args.out, quality=args.quality, device=args.device, batch=args.batch, resolution=args.resolution,
             dtype=args.dtype,
             warmup=args.warmup, iters=args.iters, macs_only=args.macs_only, memory_format=args.memory_format,
-            compile=args.compile, plain_blocks=args.plain_blocks)
+            compile=args.compile, plain_blocks=args.plain_blocks, breakdown=args.breakdown,
+            train_batch=args.train_batch, train_resolution=args.train_resolution)
     print((__import__("pathlib").Path(args.out) / "profile.md").read_text())
     return 0
 

@@ -315,13 +315,18 @@ def plot_quality(rows: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-def profile(models: list[str], out_dir: str | Path, quality: str | Path | None = None, **kwargs: Any
-            ) -> list[dict[str, Any]]:
+def profile(models: list[str], out_dir: str | Path, quality: str | Path | None = None, breakdown: bool = False,
+            train_batch: int = 8, train_resolution: int = 64, **kwargs: Any) -> list[dict[str, Any]]:
     """Profile ``models`` side by side and write ``profile.json``, ``profile.md`` and ``profile.png``.
 
     With ``quality`` (a study's ``results.json``, see :func:`load_quality`), its variants are profiled after
     ``models``, each with its PSNR/SSIM, and ``profile.md`` / ``quality.png`` put quality next to the cost.
+    With ``breakdown`` (CPU only), each of ``models`` also gets the op-class breakdown of a reconstruction and of
+    a training step on ``train_batch`` crops of ``train_resolution``² (:mod:`loopvae.breakdown`):
+    ``breakdown.json``, ``breakdown.png`` and a section of ``profile.md``.
     """
+    if breakdown and kwargs.get("device", "cpu") != "cpu":
+        raise ValueError("--breakdown times every op on the CPU; run it with --device cpu (GPU timings: make bench-gpu)")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rows = [row for name in models for row in profile_model(name, **kwargs)]
@@ -335,6 +340,22 @@ def profile(models: list[str], out_dir: str | Path, quality: str | Path | None =
     if measured:
         text += "\n" + render_quality(rows)
         plot_or_warn(plot_quality, rows, out / "quality.png", log=log)
+    if breakdown:
+        from loopcore.op_breakdown import measure_machine_peaks
+
+        from .breakdown import breakdown_model, plot_breakdown, render_breakdown
+
+        peaks = measure_machine_peaks()
+        parts = [breakdown_model(name, peaks, batch=kwargs.get("batch", 1), resolution=kwargs.get("resolution", 256),
+                                 train_batch=train_batch, train_resolution=train_resolution,
+                                 memory_format=kwargs.get("memory_format", "contiguous"),
+                                 repeats=max(1, kwargs.get("iters", 3))) for name in models]
+        (out / "breakdown.json").write_text(json.dumps({"peaks": {"flops_per_s": peaks.flops_per_s,
+                                                                   "bytes_per_s": peaks.bytes_per_s,
+                                                                   "threads": peaks.threads, "how": peaks.how},
+                                                         "models": parts}, indent=2, allow_nan=False))
+        text += "\n" + render_breakdown(parts, peaks)
+        plot_or_warn(plot_breakdown, parts, out / "breakdown.png", log=log)
     (out / "profile.md").write_text(text)
     plot_or_warn(plot, rows, out / "profile.png", log=log)
     return rows
