@@ -9,8 +9,8 @@ correlation of each channel's padded input with its output gradient,
 
 which is itself a depthwise convolution once the batch joins the channels: the input is ``x`` as
 ``(1, B·C, H, W)`` padded by ``k // 2``, the "kernel" is ``g`` as ``(B·C, 1, H, W)``, the output
-``(1, B·C, k, k)`` summed over ``B``. torch's forward depthwise kernel computes that 2-3× faster than its backward kernel
-(measured here for 16²-64² maps, 48-192 channels). Same MACs; equal to the native gradient up to float
+``(1, B·C, k, k)`` summed over ``B``. torch's forward depthwise kernel computes that several times faster
+than its backward kernel (docs/benchmarks.md). Same MACs; equal to the native gradient up to float
 summation order (tests/core/test_depthwise.py).
 
 Only stride 1 and "same" padding (``k // 2``, odd ``k``), the ConvNeXt block's case, take this path.

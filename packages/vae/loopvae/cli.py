@@ -206,9 +206,9 @@ def _add_profile(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--plain-blocks", action="store_true",
                    help="time the cores' blocks with the plain adaLN-Zero formula instead of the fused one")
     p.add_argument("--breakdown", action="store_true",
-                   help="CPU: time by op class (convolutions, norms, elementwise, attention, optimizer, ...) with MACs, "
-                        "bytes moved and a roofline from this machine's measured peaks, for a reconstruction and a "
-                        "training step of each --models entry -> breakdown.json, breakdown.png, profile.md")
+                   help="CPU: time by op class (convolutions, norms, elementwise, attention, optimizer, ...) with "
+                        "MACs, bytes moved and a roofline from this machine's measured peaks, for a reconstruction "
+                        "and a training step of each --models entry -> breakdown.json, breakdown.png, profile.md")
     p.add_argument("--train-batch", type=positive_int, default=8, help="--breakdown: crops per training step")
     p.add_argument("--train-resolution", type=positive_int, default=64, help="--breakdown: training crop side")
     add_speed_arguments(p)

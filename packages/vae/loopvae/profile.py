@@ -326,7 +326,8 @@ def profile(models: list[str], out_dir: str | Path, quality: str | Path | None =
     ``breakdown.json``, ``breakdown.png`` and a section of ``profile.md``.
     """
     if breakdown and kwargs.get("device", "cpu") != "cpu":
-        raise ValueError("--breakdown times every op on the CPU; run it with --device cpu (GPU timings: make bench-gpu)")
+        raise ValueError("--breakdown times every op on the CPU; run it with --device cpu "
+                         "(GPU timings: make bench-gpu)")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rows = [row for name in models for row in profile_model(name, **kwargs)]
