@@ -282,6 +282,94 @@ def render_train(memory: list[dict], times: dict[str, list[float]], rounds: int)
     return "\n".join(lines)
 
 
+# -- the ratio goals (issue 36): training step of the tiny pair and inference of the f8d16 pair ------------
+TINY_LOOP, TINY_REFERENCE = "loopvae-cnn-tiny", "flux-vae-tiny"
+TRAIN_GOAL, INFERENCE_GOAL = 1.30, 1.58  # the pairs' MAC ratios as the issue states them
+
+
+def worker_train_ratio(rounds: int, steps: int) -> dict:
+    """Training steps (the release-tiny recipe's, 8 crops of 64², channels_last) of the tiny pair alternated in
+    one process: ``rounds`` rounds of ``steps`` steps each, after two warm-up steps each; per-round ms per step."""
+    from loopcore.op_breakdown import OpClassRecorder
+    from looprun.speed import prepare_for_speed, retain_freed_cpu_memory, to_memory_format
+    from loopvae.breakdown import training_step
+    from loopvae.registry import create_model
+
+    retain_freed_cpu_memory()
+    torch.manual_seed(0)
+    x = to_memory_format(torch.rand(8, 3, 64, 64) * 2 - 1, "channels_last")
+    steps_of = {name: training_step(prepare_for_speed(create_model(name).train(), "channels_last"), x)
+                for name in (TINY_LOOP, TINY_REFERENCE)}
+    macs = {}
+    for name, step in steps_of.items():
+        step()
+        with OpClassRecorder() as rec:  # also the second warm-up step: the training MACs, backward included
+            step()
+        macs[name] = sum(c.flops for c in rec.calls) // 2
+    times: dict[str, list[float]] = {name: [] for name in steps_of}
+    for _ in range(rounds):
+        for name, step in steps_of.items():
+            start = time.perf_counter()
+            for _ in range(steps):
+                step()
+            times[name].append(1000 * (time.perf_counter() - start) / steps)
+    return {"times_ms": times, "train_macs": macs, "threads": torch.get_num_threads()}
+
+
+def render_goals(train: dict, inference: dict, rounds: int, steps: int, inference_rounds: int) -> str:
+    med = lambda v: sorted(v)[len(v) // 2]
+    from loopvae.profile import count_model
+
+    tiny_fwd = count_model(TINY_LOOP, 64)[1] / count_model(TINY_REFERENCE, 64)[1]
+    lines = [
+        "## The ratio goals: LoopVAE's time at its MAC ratio (CPU, fp32, channels_last)", "",
+        f"Command: `{COMMAND}`. Both measurements alternate the two models in one fresh process (retained "
+        "allocator) after warm-up, so that machine drift hits both alike; the ratio is of the medians, with the "
+        f"range of the per-round ratios. Training: {rounds} rounds × {steps} steps of the `release-tiny` step "
+        "(noisy posterior sample, decode, L1 + 10 MSE + KL, backward, clipping, AdamW, EMA; 8 crops of 64², "
+        f"{train['threads']} threads). Inference: {inference_rounds} rounds of one 256² reconstruction at batch 1. "
+        f"Machine: {machine()}.", "",
+        "| measurement | LoopVAE ms | reference ms | time ratio | per-round ratios | MAC ratio | goal | verdict |",
+        "|---|---:|---:|---:|---|---:|---:|---|",
+    ]
+    rows = []
+    loop, ref = train["times_ms"][TINY_LOOP], train["times_ms"][TINY_REFERENCE]
+    mac = train["train_macs"][TINY_LOOP] / train["train_macs"][TINY_REFERENCE]
+    rows.append((f"training step `{TINY_LOOP}` / `{TINY_REFERENCE}`", loop, ref,
+                 f"{mac:.2f}× (forward {tiny_fwd:.2f}×)", TRAIN_GOAL))
+    loop, ref = inference["times_ms"][LOOP], inference["times_ms"][REFERENCE]
+    rows.append((f"inference `{LOOP}` / `{REFERENCE}`", loop, ref,
+                 f"{inference['macs'][LOOP] / inference['macs'][REFERENCE]:.2f}×", INFERENCE_GOAL))
+    for label, loop, ref, mac_text, goal in rows:
+        ratio = med(loop) / med(ref)
+        per_round = sorted(a / b for a, b in zip(loop, ref, strict=True))
+        verdict = "met" if ratio <= goal else f"not met ({100 * (ratio / goal - 1):.0f}% over)"
+        lines.append(f"| {label} | {med(loop):.1f} | {med(ref):.1f} | **{ratio:.2f}×** | "
+                     f"{per_round[0]:.2f}–{per_round[-1]:.2f}× | {mac_text} | ≤ {goal:.2f}× | {verdict} |")
+    lines += ["", "Training MACs are counted on the step itself (forward and backward, convolution backward with "
+              "`groups`); where a goal is not met, the op-class breakdown below says which class holds it back."]
+    return "\n".join(lines)
+
+
+def breakdown_section(models: str, title: str, iters: int, figures: Path) -> str:
+    """``loopvae profile --models MODELS --breakdown`` in a fresh process: its breakdown section, titled; the
+    stacked-bar plot is copied to ``figures/breakdown-<first model>.png``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = ["-m", "loopvae", "profile", "--models", models, "--breakdown", "--device", "cpu", "--batch", "1",
+               "--resolution", "256", "--warmup", "1", "--iters", str(iters), "--out", tmp]
+        proc = subprocess.run([sys.executable, *cmd], capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise RuntimeError(f"loopvae profile --breakdown failed:\n{proc.stderr[-3000:]}")
+        text = (Path(tmp) / "profile.md").read_text()
+        figure = figures / f"breakdown-{models.split(',')[0]}.png"
+        figure.parent.mkdir(parents=True, exist_ok=True)
+        figure.write_bytes((Path(tmp) / "breakdown.png").read_bytes())
+    body = text[text.index("## Where the time goes, by op class"):].split("\n", 1)[1]
+    body = body.replace("![time by op class](breakdown.png)", f"![time by op class]({figures.name}/{figure.name})")
+    return (f"## {title}\n\nCommand: `{COMMAND}` runs `loopvae profile --models {models} --breakdown --device cpu "
+            f"--resolution 256 --iters {iters}`; machine: {machine()}.\n" + body)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, help="markdown file whose sections are rewritten")
@@ -289,9 +377,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--train-rounds", type=int, default=3, help="alternations of the training-step arms")
     parser.add_argument("--rounds", type=int, default=5, help="alternations for the target measurement")
-    parser.add_argument("--only", choices=("target", "profile", "ops", "train"), action="append",
+    parser.add_argument("--goal-rounds", type=int, default=5, help="alternations for the ratio goals")
+    parser.add_argument("--goal-steps", type=int, default=3, help="training steps per model and goal round")
+    parser.add_argument("--only", choices=("target", "profile", "ops", "train", "goals", "breakdown"), action="append",
                         help="run only these parts (repeatable; default all)")
-    parser.add_argument("--worker", choices=("alternate", "ops", "train-memory", "train-time"), help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=("alternate", "ops", "train-memory", "train-time", "train-ratio"),
+                        help=argparse.SUPPRESS)
     parser.add_argument("--compile", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--checkpointing", action="store_true", help=argparse.SUPPRESS)
@@ -301,13 +392,28 @@ def main(argv: list[str] | None = None) -> int:
         "ops": lambda: worker_ops(args.model),
         "train-memory": lambda: worker_train_memory(args.model, args.checkpointing),
         "train-time": lambda: worker_train_time(args.train_rounds),
+        "train-ratio": lambda: worker_train_ratio(args.goal_rounds, args.goal_steps),
     }
     if args.worker is not None:  # one measurement in this (fresh) process; the JSON line goes to the parent
         print(json.dumps(workers[args.worker]()))
         return 0
-    parts = args.only or ["target", "profile", "ops", "train"]
+    parts = args.only or ["goals", "breakdown", "target", "profile", "ops", "train"]
     script = str(Path(__file__).resolve())
     os.environ.pop("LOOPVISION_CPU_ALLOCATOR", None)  # each configuration states its allocator
+    if "goals" in parts:
+        train = run_json([script, "--worker", "train-ratio", "--goal-rounds", str(args.goal_rounds), "--goal-steps",
+                          str(args.goal_steps)])
+        inference = run_json([script, "--worker", "alternate", "--rounds", str(args.goal_rounds)])
+        publish(render_goals(train, inference, args.goal_rounds, args.goal_steps, args.goal_rounds), args.out,
+                "loopvae-goals")
+    if "breakdown" in parts:
+        figures = (args.out.parent if args.out else Path(tempfile.mkdtemp())) / "benchmarks"
+        publish(breakdown_section(f"{TINY_LOOP},{TINY_REFERENCE}", "Where the time goes: the tiny pair "
+                                  "(training step 8 × 64², reconstruction 256²)", args.iters, figures), args.out,
+                "loopvae-breakdown-tiny")
+        publish(breakdown_section(f"{LOOP},{REFERENCE}", "Where the time goes: LoopVAE-CNN f8d16 and flux-vae "
+                                  "(reconstruction 256², training step 8 × 64²)", args.iters, figures), args.out,
+                "loopvae-breakdown-f8d16")
     if "target" in parts:
         results = [run_json([script, "--worker", "alternate", "--rounds", str(args.rounds), *flag])
                    for flag in ([], ["--compile"])]

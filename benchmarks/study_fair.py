@@ -244,7 +244,7 @@ def plan_search(costs: dict[str, Any], families: list[str]) -> list[Planned]:
             print(f"search {key}: waits for the shape sweep", flush=True)
             continue
         model, overrides = chosen
-        cost_label = key if family.model is not None else f"shape-{next(s[0] for s in SHAPES if s[1:] == chosen)}"
+        cost_label = _cost_label(key, family, chosen)
         steps0 = base_steps(cost_label, costs)
         for sa in search_arms(family):
             if key == "loopvae-sc" and sa.name in REUSED:
@@ -294,7 +294,7 @@ def main_runs(costs: dict[str, Any], seeds: tuple[int, ...] = MAIN_SEEDS) -> lis
             continue
         model, overrides = chosen
         arm = next(a for a in search_arms(family) if a.name == pick["arm"])
-        cost_label = key if family.model is not None else f"shape-{next(s[0] for s in SHAPES if s[1:] == chosen)}"
+        cost_label = _cost_label(key, family, chosen)
         budgets = {"img": max(4, round(STEP_SCALE * MAIN_STEPS * arm.pixel_factor))}
         if key != BUDGET_FAMILY:
             budgets["cpu"] = max(4, round(STEP_SCALE * budget_seconds * ips[cost_label] / 8 * arm.pixel_factor))
@@ -310,16 +310,42 @@ def main_runs(costs: dict[str, Any], seeds: tuple[int, ...] = MAIN_SEEDS) -> lis
     return out
 
 
+def _cost_label(key: str, family: Family, chosen: tuple[str, str]) -> str:
+    """The probe's label of a family's model: the family key, or ``shape-<label>`` for the swept reference."""
+    return key if family.model is not None else f"shape-{next(s[0] for s in SHAPES if s[1:] == chosen)}"
+
+
+def main_cost_labels() -> dict[str, tuple[str, str]]:
+    """The main phase's models by cost label (as :func:`main_runs` looks them up): ``label: (model, overrides)``."""
+    chosen = {key: (family, family_model(family)) for key, family in FAMILIES.items()}
+    return {_cost_label(key, family, c): c for key, (family, c) in chosen.items() if c is not None}
+
+
+def main_probe() -> dict[str, Any]:
+    """Training images/s of the main phase's models, measured side by side at the main phase's commit (one
+    thread, alternating rounds, median): the equal-CPU step counts come from the code that actually trains."""
+    import torch
+    import yaml
+
+    torch.set_num_threads(1)
+    arch = {k: (m, yaml.safe_load(o) or {}, False) for k, (m, o) in main_cost_labels().items()}
+    return {"images_per_second": train_throughput(arch, 8, 64, rounds=5, steps=3), "batch": 8, "crop": 64,
+            "threads": 1, "date": time.strftime("%Y-%m-%d %H:%M"), "code": code_version(),
+            "how": "study_loopvae.train_throughput at the main commit, the main models side by side in one process, "
+                   "median of 5 rounds x 3 steps (nothing else running)"}
+
+
 def check_main_code(plan_file: Path) -> dict[str, Any]:
-    """Every main run trains on one code version: the first main run records its commit in ``plan.json``; later
-    sittings must run from a checkout whose training code (packages/, pipelines/) equals it."""
+    """Every main run trains on one code version: the first main run records its commit in ``plan.json``, with a
+    cost probe measured on that commit (:func:`main_probe`); later sittings must run from a checkout whose training
+    code (packages/, pipelines/) equals it."""
     plan = json.loads(plan_file.read_text()) if plan_file.is_file() else {}
     here = code_version()
     if here["dirty"]:
         raise SystemExit("the main phase needs a clean checkout (every run on one committed code version); commit "
                          "or run from a worktree of the study's commit")
     if "main_commit" not in plan:
-        plan.update(main_commit=here["commit"], date=time.strftime("%Y-%m-%d %H:%M"))
+        plan.update(main_commit=here["commit"], date=time.strftime("%Y-%m-%d %H:%M"), probe=main_probe())
         plan_file.write_text(json.dumps(plan, indent=1) + "\n")
         return plan
     changed = subprocess.run(["git", "-C", str(Path(__file__).resolve().parent), "diff", "--quiet",
@@ -505,8 +531,14 @@ def main() -> int:
     if "search" in args.phase:
         run_planned(plan_search(costs, args.families), data, runs, args.jobs, timings, args.collect_only)
     if "main" in args.phase:
+        plan_file = DOCS / "plan.json"
         if not args.collect_only:
-            check_main_code(DOCS / "plan.json")
+            plan = check_main_code(plan_file)
+        else:
+            plan = json.loads(plan_file.read_text()) if plan_file.is_file() else {}
+        # the equal-CPU budgets from the probe on the main commit (the search's probe predates it)
+        costs = plan.get("probe", costs)
+        print("main phase images/s (1 thread):", json.dumps(costs["images_per_second"]), flush=True)
         planned = [p for p in main_runs(costs, tuple(args.seeds) if args.seeds else MAIN_SEEDS)
                    if p.record["family"] in args.families]
         # longest first: the equal-CPU runs, then by seed so that every arm's first seeds finish early

@@ -45,8 +45,8 @@ PREREGISTRATION = """## Pre-registration (written before the main runs)
   trains at the best recipe of its own search (9 arms each, the same CPU budget per arm).
 - **Budgets**: *equal images*: 1,500 steps × 8 crops of 64² (a recipe with other crops keeps the pixels per
   step); *equal CPU-seconds*: every arm trains for the CPU-seconds `loopvae-sc` needs at equal images (the
-  slowest arm; its equal-images runs serve both budgets), estimated from the cost probe and reported as
-  measured.
+  slowest arm; its equal-images runs serve both budgets), estimated from a cost probe on the main phase's
+  commit and reported as measured.
 - **Seeds**: 0, 1, 2 per arm and budget. If a primary comparison is inconclusive at 3 seeds, both of its arms
   get seeds 3 and 4 (5 seeds), once; no further seeds are added.
 - **Primary comparisons** (PSNR on the 40 held-out ImageNet-sample images at 256², seed = unit, Holm over the
@@ -207,12 +207,16 @@ def main_section(rows: dict[str, dict[str, Any]], costs: dict[str, Any]) -> tupl
     arms = main_arms(rows)
     computed: dict[str, Any] = {"arms": {k: [r["name"] for r in v] for k, v in arms.items()}}
     lines = ["## 3. The 2 × 2 at each arm's own recipe", ""]
-    planned = sf.main_runs(costs)
-    missing = [p.arm.name for p in planned if p.arm.name not in rows]
     plan = json.loads((sf.DOCS / "plan.json").read_text()) if (sf.DOCS / "plan.json").is_file() else {}
+    planned = sf.main_runs(plan.get("probe", costs))
+    missing = [p.arm.name for p in planned if p.arm.name not in rows]
     if plan:
         lines.append(f"Every main run trains on commit `{plan['main_commit'][:10]}` (`plan.json`; the driver refuses "
                      "other training code).")
+    if plan.get("probe"):
+        ips = ", ".join(f"{k} {v:.1f}" for k, v in plan["probe"]["images_per_second"].items())
+        lines.append(f"The equal-CPU step counts come from a cost probe on that commit ({plan['probe']['date']}, "
+                     f"training images/s, one thread, side by side): {ips}.")
     waiting = [k for k in sf.FAMILIES if sf.pick_recipe(k) is None]
     if waiting:
         lines += ["", f"Arms whose recipe search has not finished (their main runs are planned once it has): "

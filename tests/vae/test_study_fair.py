@@ -156,3 +156,21 @@ def test_page_lists_missing_runs_instead_of_filling_them_in(study: Path) -> None
     page = report.render()
     assert "Not yet run" in page and "`main-dcae-cpu-s2`" in page
     assert "| P1 | recurrence without shortcuts, equal images | loopvae@img − klvae@img | *not run yet*" in page
+
+
+def test_the_main_phase_probes_its_own_commit_once(study: Path, monkeypatch) -> None:
+    finish_searches()
+    assert sf.main_cost_labels() == {"loopvae": ("loopvae-cnn-tiny", "{}"),
+                                     "loopvae-sc": ("loopvae-cnn-tiny", "{shortcuts: true}"),
+                                     "shape-w24": ("klvae-tiny-w24", "{}"), "dcae": ("dcae-tiny", "{}")}
+    probes = []
+    monkeypatch.setattr(sf, "code_version", lambda: {"commit": "abc123", "dirty": False})
+    monkeypatch.setattr(sf, "main_probe", lambda: probes.append(1) or {"images_per_second": {"loopvae-sc": 20.0}})
+    plan = sf.check_main_code(study / "plan.json")
+    assert plan["main_commit"] == "abc123" and plan["probe"]["images_per_second"] == {"loopvae-sc": 20.0}
+    assert json.loads((study / "plan.json").read_text())["probe"] == plan["probe"]
+    monkeypatch.setattr(sf.subprocess, "run", lambda *a, **k: type("R", (), {"returncode": 0})())
+    assert sf.check_main_code(study / "plan.json")["probe"] == plan["probe"] and probes == [1]  # measured once
+    monkeypatch.setattr(sf, "code_version", lambda: {"commit": "abc123", "dirty": True})
+    with pytest.raises(SystemExit, match="needs a clean checkout"):
+        sf.check_main_code(study / "plan.json")

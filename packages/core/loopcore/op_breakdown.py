@@ -62,6 +62,9 @@ _METADATA = {"size", "sym_size", "stride", "sym_stride", "storage_offset", "sym_
              "dim", "is_contiguous", "sym_is_contiguous", "is_strides_like_format", "is_non_overlapping_and_dense",
              "layout", "device"}
 
+# ops that return a tensor over the same memory without the schema saying so: no data moves
+_NO_DATA = {"_unsafe_view", "alias", "lift_fresh", "_reshape_alias"}
+
 _override: list[str] = []
 
 
@@ -124,7 +127,7 @@ def _tensors(tree: Any) -> list[torch.Tensor]:
 
 def _bytes_moved(func: torch._ops.OpOverload, args: tuple, kwargs: dict, out: Any) -> int:
     """Compulsory traffic of one op: each distinct input tensor read once, each output written once."""
-    if func.is_view:
+    if func.is_view or func._overloadpacket.__name__ in _NO_DATA:
         return 0
     seen: set[tuple] = set()
     total = 0
