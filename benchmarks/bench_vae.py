@@ -316,6 +316,61 @@ def worker_train_ratio(rounds: int, steps: int) -> dict:
     return {"times_ms": times, "train_macs": macs, "threads": torch.get_num_threads()}
 
 
+def worker_depthwise(rounds: int, steps: int) -> dict:
+    """What the depthwise weight gradient as a forward convolution buys: the release-tiny training step of
+    ``loopvae-cnn-tiny`` with it and with torch's native depthwise backward, and of ``flux-vae-tiny``, alternated."""
+    import torch.nn.functional as F
+
+    import loopcore.conv_operator as conv_operator
+    from looprun.speed import prepare_for_speed, retain_freed_cpu_memory, to_memory_format
+    from loopvae.breakdown import training_step
+    from loopvae.registry import create_model
+
+    retain_freed_cpu_memory()
+    fast = conv_operator.depthwise_conv2d
+
+    def native(x, weight, bias=None):
+        return F.conv2d(x, weight, bias, padding=weight.shape[-1] // 2, groups=x.shape[1])
+
+    torch.manual_seed(0)
+    x = to_memory_format(torch.rand(8, 3, 64, 64) * 2 - 1, "channels_last")
+    arms = {"forward-conv weight gradient": (TINY_LOOP, fast), "native depthwise backward": (TINY_LOOP, native),
+            TINY_REFERENCE: (TINY_REFERENCE, fast)}
+    steps_of = {label: (training_step(prepare_for_speed(create_model(name).train(), "channels_last"), x), impl)
+                for label, (name, impl) in arms.items()}
+    times: dict[str, list[float]] = {label: [] for label in arms}
+    for round_ in range(rounds + 1):
+        for label, (step, impl) in steps_of.items():
+            conv_operator.depthwise_conv2d = impl
+            start = time.perf_counter()
+            for _ in range(steps if round_ else 2):  # round 0: warm-up
+                step()
+            if round_:
+                times[label].append(1000 * (time.perf_counter() - start) / steps)
+    conv_operator.depthwise_conv2d = fast
+    return {"times_ms": times}
+
+
+def render_depthwise(result: dict, rounds: int, steps: int) -> str:
+    med = lambda v: sorted(v)[len(v) // 2]
+    t = result["times_ms"]
+    ref = t[TINY_REFERENCE]
+    lines = ["## What the depthwise weight gradient as a forward convolution buys (training step, CPU)", "",
+             f"Command: `{COMMAND}`: the `release-tiny` training step (8 crops of 64², channels_last) of "
+             f"`{TINY_LOOP}` with `loopcore.depthwise` and with torch's native depthwise backward, and of "
+             f"`{TINY_REFERENCE}`, alternated {rounds} rounds × {steps} steps in one process after warm-up. "
+             f"Machine: {machine()}.", "",
+             "| arm | median ms / step | per-round ms | time ratio to the reference (per round) |",
+             "|---|---:|---|---|"]
+    for label, v in t.items():
+        ratios = sorted(a / b for a, b in zip(v, ref, strict=True))
+        lines.append(f"| {label} | {med(v):.1f} | {', '.join(f'{x:.0f}' for x in v)} | "
+                     f"{med(v) / med(ref):.2f}× ({ratios[0]:.2f}–{ratios[-1]:.2f}×) |")
+    gain = med(t["native depthwise backward"]) / med(t["forward-conv weight gradient"])
+    lines += ["", f"The change makes the LoopVAE step **{gain:.2f}×** faster (ratio of medians)."]
+    return "\n".join(lines)
+
+
 def render_goals(train: dict, inference: dict, rounds: int, steps: int, inference_rounds: int) -> str:
     med = lambda v: sorted(v)[len(v) // 2]
     from loopvae.profile import count_model
@@ -379,10 +434,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5, help="alternations for the target measurement")
     parser.add_argument("--goal-rounds", type=int, default=5, help="alternations for the ratio goals")
     parser.add_argument("--goal-steps", type=int, default=3, help="training steps per model and goal round")
-    parser.add_argument("--only", choices=("target", "profile", "ops", "train", "goals", "breakdown"), action="append",
+    parser.add_argument("--only", choices=("target", "profile", "ops", "train", "goals", "breakdown", "depthwise"),
+                        action="append",
                         help="run only these parts (repeatable; default all)")
-    parser.add_argument("--worker", choices=("alternate", "ops", "train-memory", "train-time", "train-ratio"),
-                        help=argparse.SUPPRESS)
+    parser.add_argument("--worker", help=argparse.SUPPRESS,
+                        choices=("alternate", "ops", "train-memory", "train-time", "train-ratio", "depthwise"))
     parser.add_argument("--compile", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--checkpointing", action="store_true", help=argparse.SUPPRESS)
@@ -393,11 +449,12 @@ def main(argv: list[str] | None = None) -> int:
         "train-memory": lambda: worker_train_memory(args.model, args.checkpointing),
         "train-time": lambda: worker_train_time(args.train_rounds),
         "train-ratio": lambda: worker_train_ratio(args.goal_rounds, args.goal_steps),
+        "depthwise": lambda: worker_depthwise(args.goal_rounds, args.goal_steps),
     }
     if args.worker is not None:  # one measurement in this (fresh) process; the JSON line goes to the parent
         print(json.dumps(workers[args.worker]()))
         return 0
-    parts = args.only or ["goals", "breakdown", "target", "profile", "ops", "train"]
+    parts = args.only or ["goals", "depthwise", "breakdown", "target", "profile", "ops", "train"]
     script = str(Path(__file__).resolve())
     os.environ.pop("LOOPVISION_CPU_ALLOCATOR", None)  # each configuration states its allocator
     if "goals" in parts:
@@ -406,6 +463,10 @@ def main(argv: list[str] | None = None) -> int:
         inference = run_json([script, "--worker", "alternate", "--rounds", str(args.goal_rounds)])
         publish(render_goals(train, inference, args.goal_rounds, args.goal_steps, args.goal_rounds), args.out,
                 "loopvae-goals")
+    if "depthwise" in parts:
+        result = run_json([script, "--worker", "depthwise", "--goal-rounds", str(args.goal_rounds), "--goal-steps",
+                           str(args.goal_steps)])
+        publish(render_depthwise(result, args.goal_rounds, args.goal_steps), args.out, "loopvae-depthwise")
     if "breakdown" in parts:
         figures = (args.out.parent if args.out else Path(tempfile.mkdtemp())) / "benchmarks"
         publish(breakdown_section(f"{TINY_LOOP},{TINY_REFERENCE}", "Where the time goes: the tiny pair "
