@@ -42,7 +42,8 @@ def test_registry_lists_the_spec_names() -> None:
     assert set(loopvae.list_models()) >= {
         "loopvae-cnn-f8d16", "loopvae-vit-f8d16", "loopvae-multi", "loopvae-cnn-tiny", "sd-vae", "flux-vae"
     }
-    assert loopvae.list_models("loopvae-cnn-*") == ["loopvae-cnn-f8d16", "loopvae-cnn-small", "loopvae-cnn-tiny"]
+    assert loopvae.list_models("loopvae-cnn-*") == ["loopvae-cnn-f8d16", "loopvae-cnn-small", "loopvae-cnn-tiny",
+                                                    "loopvae-cnn-tiny-sc"]
     with pytest.raises(KeyError, match="unknown model 'loopvae-huge'; available: "):
         loopvae.create_model("loopvae-huge")
 
@@ -107,6 +108,7 @@ def test_sharing_rules_store_4_12_28_with_equal_macs_and_shapes(sharing: str, st
 # here first. The paper figures and their tolerances are PARAMS above.
 COUNTED = {
     "flux-vae": 83_819_683, "flux-vae-tiny": 1_031_401, "loopvae-cnn-f8d16": 29_293_863, "loopvae-cnn-tiny": 350_535,
+    "loopvae-cnn-tiny-sc": 350_535,
     "loopvae-cnn-small": 4_211_463, "flux-vae-small": 11_856_083,
     "loopvae-multi": 220_424_105, "loopvae-vit-f8d16": 32_688_423, "sd-vae": 83_653_863,
     "klvae-tiny-w32": 1_016_067, "klvae-tiny-w24": 988_251, "klvae-tiny-d2": 956_987, "klvae-tiny-w32-attn": 1_049_603,

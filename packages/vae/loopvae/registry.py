@@ -161,6 +161,9 @@ register_model("loopvae-cnn-f8d16")(_loopvae(LOOPVAE_CNN_F8D16))
 register_model("loopvae-vit-f8d16")(_loopvae(LOOPVAE_VIT_F8D16))
 register_model("loopvae-multi")(_loopvae(LOOPVAE_MULTI))
 register_model("loopvae-cnn-tiny")(_loopvae(LOOPVAE_CNN_TINY))
+# The bundled tokenizer's architecture (the release-tiny recipe): loopvae-cnn-tiny with its parameter-free
+# shortcuts; same parameters and MACs, a few reshapes and adds more (what its training step is timed with).
+register_model("loopvae-cnn-tiny-sc")(_loopvae({**LOOPVAE_CNN_TINY, "shortcuts": True}))
 register_model("loopvae-cnn-small")(_loopvae(LOOPVAE_CNN_SMALL))
 register_model("sd-vae")(lambda **overrides: reference_vae(SD_VAE_CONFIG, **overrides))
 register_model("flux-vae")(lambda **overrides: reference_vae(FLUX_VAE_CONFIG, **overrides))
