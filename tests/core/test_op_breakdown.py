@@ -133,6 +133,7 @@ def test_breakdown_totals_add_up_and_the_roofline_is_the_max_of_two_ceilings():
     assert PEAKS.roofline_seconds(1.0, 1e10) == 1.0  # memory-bound
     json_rows = result.to_json()
     assert json_rows["gmacs"] == result.macs / 1e9 and len(json_rows["rows"]) == len(rows)
+    assert json_rows["framework_ms"] == pytest.approx(max(0.0, 1000 * (result.plain_seconds - result.op_seconds)))
 
 
 def test_summarise_averages_per_step():
