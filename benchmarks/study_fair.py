@@ -80,7 +80,8 @@ SHAPES = [
 ]
 
 # The registered name of a swept (model, overrides) pair (bundles are named by it).
-REGISTERED = {("klvae-tiny-w32", "{mid_block_add_attention: true}"): "klvae-tiny-w32-attn"}
+REGISTERED = {("klvae-tiny-w32", "{mid_block_add_attention: true}"): "klvae-tiny-w32-attn",
+              ("loopvae-cnn-tiny", "{shortcuts: true}"): "loopvae-cnn-tiny-sc"}
 
 
 def registered_name(model: str, overrides: str) -> str:

@@ -172,7 +172,7 @@ def search_section(rows: dict[str, dict[str, Any]]) -> list[str]:
         arms = sf.search_arms(family)
         scores = sf.matched_scores(fam_rows) if fam_rows else {}
         model = sf.family_model(family)
-        lines += [f"### {family.label} (`{key}`{', ' + model[0] if model else ''})", "",
+        lines += [f"### {family.label} (`{key}`{', ' + sf.registered_name(*model) if model else ''})", "",
                   "| arm | change | steps | CPU-min | final PSNR | at matched time | status |",
                   "|---|---|---:|---:|---:|---:|---|"]
         for a in arms:
