@@ -233,7 +233,9 @@ def reading(summary: dict[str, Any], picks: dict[str, dict], settings: dict, lr_
                  "data order), so every comparison is paired by seed: the mean of the per-seed differences with a "
                  f"95% t-interval (df = {seeds - 1}) and a verdict, better / worse when the interval excludes 0, else "
                  "inconclusive. Inconclusive means the data cannot tell, not that the arms are equal; with "
-                 f"{seeds} seeds only consistent differences several times the seed-to-seed wobble are resolved.")
+                 f"{seeds} seeds only consistent differences several times the seed-to-seed wobble are resolved. "
+                 "No comparison was written down before the runs and none is corrected for multiplicity over the "
+                 "page's dozens of comparisons: every verdict here is exploratory.")
     # learning rates
     parts = []
     for group, pick in picks.items():
@@ -354,8 +356,9 @@ def reading(summary: dict[str, Any], picks: dict[str, dict], settings: dict, lr_
         uniform = [r.split(":")[0] for r in routers if "near uniform" in r]
         tail = ""
         if uniform:
-            tail = (f" Near-uniform routers ({', '.join(uniform)}) weigh every step about equally: they act as "
-                    "`mean` fusion, so a gain of these arms over `last` cannot be credited to token-wise routing "
+            tail = (f" Near-uniform routers ({', '.join(uniform)}) weigh every step about equally: their weights "
+                    "are close to `mean` fusion's (whether they also score like `mean` is the previous item's "
+                    "question), so a gain of these arms over `last` cannot be credited to token-wise routing "
                     + ("unless they beat the `mean` arm (previous item)." if routed_gain is not None else
                        "unless a `mean` (and `global`) arm at the same budget is run beside them."))
         lines.append("- **What the trained routers favour** (test images, all tokens): " + "; ".join(routers) + "."

@@ -576,7 +576,9 @@ def render(result: dict[str, Any], command: str) -> str:
         "held-out images), 95% t-interval with df = seeds − 1; *by image* pairs the held-out images, each arm "
         "averaged over its seeds. Verdicts: better / worse / inconclusive (never \"equal\"), by seed only: the seed "
         "is the unit of every verdict. A by-image interval covers the images of single runs (one run per model for "
-        "a one-seed arm), not the training noise, so it is descriptive and carries no verdict word. Encoder passes "
+        "a one-seed arm), not the training noise, so it is descriptive and carries no verdict word. No comparison "
+        "was written down before the runs and none is corrected for multiplicity, so every verdict on this page is "
+        "exploratory. Encoder passes "
         "are fine → coarse (2x, 4x, 8x), decoder passes coarse → fine (8x, 4x, 2x).", "",
         "## The arms", "",
         "| arm | passes enc / dec | seeds | params | GMACs | CPU ms/img | PSNR (sd) | PSNR kodak | PSNR ImageNet | "
