@@ -509,6 +509,8 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=None,
                         help="main phase: these seeds (default 0 1 2; 3 4 are the pre-registered extra seeds)")
     parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
+    parser.add_argument("--budgets", nargs="+", default=["img", "cpu"], choices=["img", "cpu"],
+                        help="main phase: only these budgets (the extra seeds of one inconclusive comparison)")
     parser.add_argument("--runs", default="runs/study-fair")
     parser.add_argument("--shared", default=None)
     parser.add_argument("--jobs", type=int, default=2)
@@ -541,7 +543,7 @@ def main() -> int:
         costs = plan.get("probe", costs)
         print("main phase images/s (1 thread):", json.dumps(costs["images_per_second"]), flush=True)
         planned = [p for p in main_runs(costs, tuple(args.seeds) if args.seeds else MAIN_SEEDS)
-                   if p.record["family"] in args.families]
+                   if p.record["family"] in args.families and p.arm.name.split("-")[-2] in args.budgets]
         # longest first: the equal-CPU runs, then by seed so that every arm's first seeds finish early
         planned.sort(key=lambda p: (p.arm.seed, -p.record["steps"] / costs["images_per_second"].get(
             p.record["family"], 30.0)))

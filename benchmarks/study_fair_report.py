@@ -16,7 +16,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import study_fair as sf  # noqa: E402
 
-from looprun.statistics import seeds_disagree  # noqa: E402
+from looprun.statistics import paired_difference, seeds_disagree  # noqa: E402
 from loopvae.compare import CompareOptions, SeedEvaluation, summarise  # noqa: E402
 
 # The pre-registered primary family (written on the page before the main runs started): PSNR on the 40 held-out
@@ -227,8 +227,9 @@ def main_section(rows: dict[str, dict[str, Any]], costs: dict[str, Any]) -> tupl
                       "a comparison whose arms lack runs is absent, not estimated.", ""]
     if not arms:
         return lines + ["No main run has finished yet.", ""], computed
-    lines += ["| arm | runs (seeds) | steps | params | GMACs | CPU-min / run | PSNR (40 ImageNet) | seed s.d. | SSIM | "
-              "kodim21–24 PSNR |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += ["| arm | runs (seeds) | steps | params | GMACs | CPU-min / run | PSNR (40 ImageNet) | seed s.d. | "
+              "− bicubic [95% CI, seeds] (exploratory) | SSIM | kodim21–24 PSNR |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
     for name, runs in sorted(arms.items()):
         psnrs = [statistics.fmean(x["psnr"] for x in r["evaluation"]["imagenet"]) for r in runs]
         ssims = [statistics.fmean(x["ssim"] for x in r["evaluation"]["imagenet"]) for r in runs]
@@ -236,13 +237,17 @@ def main_section(rows: dict[str, dict[str, Any]], costs: dict[str, Any]) -> tupl
         arch = runs[0]["evaluation"]["arch"]
         cpu = statistics.fmean((r["train_seconds"] or 0) for r in runs) / 60
         sd = f"{statistics.stdev(psnrs):.3f}" if len(psnrs) > 1 else "–"
+        bicubic = statistics.fmean(x["bicubic_psnr"] for x in runs[0]["evaluation"]["imagenet"])
+        vs_bicubic = paired_difference(psnrs, [bicubic] * len(psnrs))
+        computed.setdefault("vs_bicubic", {})[name] = vs_bicubic.as_dict()
         lines.append(f"| {name} | {len(runs)} ({', '.join(str(r['seed']) for r in runs)}) | {runs[0]['steps']} | "
                      f"{arch['params']:,} | {arch['gmacs']:.2f} | {cpu:.1f} | {statistics.fmean(psnrs):.2f} | {sd} | "
-                     f"{statistics.fmean(ssims):.4f} | {statistics.fmean(kodak):.2f} |")
+                     f"{_describe(vs_bicubic)} | {statistics.fmean(ssims):.4f} | {statistics.fmean(kodak):.2f} |")
     first = next(iter(arms.values()))[0]["evaluation"]["imagenet"]
     lines += [f"| bicubic (0.25 values/px) | – | – | 0 | – | – | "
-              f"{statistics.fmean(x['bicubic_psnr'] for x in first):.2f} | – | "
-              f"{statistics.fmean(x['bicubic_ssim'] for x in first):.4f} | – |", ""]
+              f"{statistics.fmean(x['bicubic_psnr'] for x in first):.2f} | – | – | "
+              f"{statistics.fmean(x['bicubic_ssim'] for x in first):.4f} | – |", "",
+              _bicubic_note(next(iter(arms.values()))[0]), ""]
     primary = family_summary(arms, PRIMARY)
     secondary = family_summary(arms, SECONDARY)
     computed["primary"], computed["secondary"] = primary, secondary
@@ -272,12 +277,137 @@ def main_section(rows: dict[str, dict[str, Any]], costs: dict[str, Any]) -> tupl
                   "excludes 0 (largest |diff| "
                   f"{max(abs(n['diff']) for n in nulls):.2f} dB): a by-image verdict between single runs would call "
                   "these 'different'. This is why the seed is the unit.", ""]
-    lines += divergence_lines(arms)
+    lines += divergence_lines(arms, primary is not None and secondary is not None)
+    lines += extra_seed_lines(primary, missing)
     lines += ["![validation PSNR against images seen and CPU-seconds](study_fair/curves.png)", ""]
+    conclusion, computed["conclusion"] = conclusion_lines(arms, primary, secondary, missing)
+    lines += conclusion
     return lines, computed
 
 
-def divergence_lines(arms: dict[str, list[dict[str, Any]]]) -> list[str]:
+def _comparison(summary: dict[str, Any] | None, a: str, b: str, metric: str = "psnr") -> dict[str, Any] | None:
+    if summary is None:
+        return None
+    return next((c for c in summary["comparisons"] if c["a"] == a and c["b"] == b and c["metric"] == metric), None)
+
+
+def _said(c: dict[str, Any] | None) -> str:
+    """``+0.42 dB [+0.10, +0.74]: better`` from a comparison row (its verdict after the family's correction)."""
+    if c is None:
+        return "not computed (runs missing)"
+    ci = "" if c["ci"] is None or c["ci"][0] is None else f" [{c['ci'][0]:+.2f}, {c['ci'][1]:+.2f}]"
+    return f"{c['diff']:+.2f} dB{ci}: **{c['verdict']}**"
+
+
+def arm_costs(runs: list[dict[str, Any]]) -> dict[str, float]:
+    """Params, GMACs per 256² reconstruction, and measured training CPU-ms per image seen (mean over seeds)."""
+    arch = runs[0]["evaluation"]["arch"]
+    per_image = [r["train_seconds"] / (r["steps"] * arch["order"].get("batch_size", 8)) for r in runs
+                 if r.get("train_seconds")]
+    return {"params": arch["params"], "gmacs": arch["gmacs"],
+            "train_ms_per_image": 1000 * statistics.fmean(per_image) if per_image else float("nan")}
+
+
+def _phrase(rows: list[tuple[str, dict[str, Any] | None]]) -> str:
+    """How one or two comparisons (labelled by budget) read in one clause, from their verdicts alone."""
+    if any(c is None for _, c in rows):
+        return "is not computed yet"
+    verdicts = {c["verdict"] for _, c in rows}
+    diffs = " / ".join(f"{c['diff']:+.2f} dB" for _, c in rows)
+    where = "at both budgets" if len(rows) > 1 else f"at {rows[0][0]}"
+    if verdicts == {"better"}:
+        return f"buys quality {where} ({diffs})"
+    if verdicts == {"worse"}:
+        return f"costs quality {where} ({diffs})"
+    if verdicts == {"inconclusive"}:
+        return f"is not resolved by these seeds {'at either budget' if len(rows) > 1 else where} ({diffs})"
+    return "is " + " and ".join(f"{c['verdict']} at {label} ({c['diff']:+.2f} dB)" for label, c in rows)
+
+
+def conclusion_lines(arms: dict[str, list[dict[str, Any]]], primary: dict[str, Any] | None,
+                     secondary: dict[str, Any] | None, missing: list[str]) -> tuple[list[str], dict[str, Any]]:
+    """The pre-registered conclusion: what recurrence buys (P1-P4), what shortcuts buy (S1-S2, exploratory), at
+    what cost in weights, MACs and training CPU time; computed only once every planned main run has finished."""
+    lines = ["## 4. Conclusion (computed from the verdicts above)", ""]
+    if missing:
+        return lines + [f"Computed once every planned main run has finished ({len(missing)} missing); the tables "
+                        "above show what has.", ""], {"complete": False}
+    costs = {k: arm_costs(v) for k, v in arms.items()}
+    out: dict[str, Any] = {"complete": True, "costs": costs}
+
+    def ratio(a: str, b: str) -> str:
+        ca, cb = costs[a], costs[b]
+        return (f"`{a.split('@')[0]}` stores {ca['params'] / cb['params']:.2f}× the weights of "
+                f"`{b.split('@')[0]}`, does {ca['gmacs'] / cb['gmacs']:.2f}× its MACs per 256² image and takes "
+                f"{ca['train_ms_per_image'] / cb['train_ms_per_image']:.2f}× its training CPU time per image")
+
+    rec = {}
+    for label, (pi, pc, a, b) in {"without shortcuts": ("P1", "P3", "loopvae", "klvae"),
+                                  "with shortcuts": ("P2", "P4", "loopvae-sc", "dcae")}.items():
+        img, cpu = _comparison(primary, f"{a}@img", f"{b}@img"), _comparison(primary, f"{a}@cpu", f"{b}@cpu")
+        rec[label] = [("equal images", img), ("equal CPU-seconds", cpu)]
+        lines.append(f"- **Recurrence {label}** (`{a}` − `{b}`, primary, Holm): {pi} equal images {_said(img)}; "
+                     f"{pc} equal CPU-seconds {_said(cpu)}. {ratio(f'{a}@img', f'{b}@img')}.")
+    sc = {}
+    for label, (si, a, b) in {"LoopVAE": ("S1", "loopvae-sc", "loopvae"),
+                              "the references": ("S2", "dcae", "klvae")}.items():
+        c = _comparison(secondary, f"{a}@img", f"{b}@img")
+        sc[label] = c
+        lines.append(f"- **Shortcuts within {label}** (`{a}` − `{b}`, exploratory): {si} equal images {_said(c)}.")
+    loop = sorted({costs[k]["params"] for k in costs if k.startswith("loopvae")})
+    refs = sorted({costs[k]["params"] for k in costs if not k.startswith("loopvae")})
+    span = lambda v: f"{v[0] / 1e6:.2f}M" if len(v) == 1 else f"{v[0] / 1e6:.2f}–{v[-1] / 1e6:.2f}M"
+    summary = (f"At this scale ({span(loop)}-parameter LoopVAEs against {span(refs)}-parameter references, 64² "
+               f"crops, {sf.MAIN_STEPS:,} steps of 8 at equal images), recurrence "
+               f"{_phrase(rec['without shortcuts'])} without shortcuts and "
+               f"{_phrase(rec['with shortcuts'])} with them; adding shortcuts "
+               f"{_phrase([('equal images', sc['LoopVAE'])])} for LoopVAE and "
+               f"{_phrase([('equal images', sc['the references'])])} for the references (exploratory).")
+    lines += ["", summary, ""]
+    out["summary"] = summary.replace("**", "")
+    return lines, out
+
+
+def extra_seed_lines(primary: dict[str, Any] | None, missing: list[str]) -> list[str]:
+    """The pre-registered extra seeds: once seeds 0-2 are in, each inconclusive primary comparison's two arms get
+    seeds 3 and 4 (once); the page says which runs that means and whether they have run."""
+    if primary is None or missing:
+        return []
+    lines = []
+    for pid, _, a, b in PRIMARY:
+        c = _comparison(primary, a, b)
+        if c is None or c["verdict"] != "inconclusive":
+            continue
+        have = min(c.get("n_a") or 0, c.get("n_b") or 0)
+        families = sorted({x.split("@")[0] for x in (a, b)})
+        budget = a.split("@")[1]
+        state = ("done: the verdict above uses them" if have >= 5 else
+                 f"to run: `python benchmarks/study_fair.py --phase main --seeds {' '.join(map(str, sf.EXTRA_SEEDS))} "
+                 f"--families {' '.join(families)} --budgets {budget}`")
+        lines.append(f"- {pid} is inconclusive at {have} seeds: by the pre-registration, `{a}` and `{b}` get seeds "
+                     f"{' and '.join(map(str, sf.EXTRA_SEEDS))} (once), {state}.")
+    return (["### Extra seeds (pre-registered rule)", ""] + lines + [""]) if lines else []
+
+
+def _bicubic_note(run: dict[str, Any]) -> str:
+    """What the bicubic row is, from a run's evaluation: its low resolution and values per pixel."""
+    low = run["evaluation"].get("imagenet_low_resolution")
+    if not low:
+        return "The bicubic row downsamples each 256² image and upsamples it back (bicubic, antialiased)."
+    values = 3 * low[0] * low[1] / 256**2
+    return (f"The bicubic row keeps a {low[0]}×{low[1]} RGB image per 256² image ({values:.3f} values per pixel, "
+            f"the smallest size with at least the tokenizers' {run['evaluation']['arch']['values_per_pixel']:.2f}) "
+            "and upsamples it back; the − bicubic column is each arm's seeds against it (exploratory).")
+
+
+def _describe(d: Any, digits: int = 2) -> str:
+    """A seed-level difference: ``+x [lo, hi] (n = k): verdict``, or the mean alone with one seed."""
+    if d.low is None:
+        return f"{d.mean:+.{digits}f} (one seed)"
+    return f"{d.mean:+.{digits}f} [{d.low:+.{digits}f}, {d.high:+.{digits}f}] (n = {d.n}): {d.verdict}"
+
+
+def divergence_lines(arms: dict[str, list[dict[str, Any]]], with_verdicts: bool = True) -> list[str]:
     spreads = {}
     for name, runs in arms.items():
         vals = [statistics.fmean(x["psnr"] for x in r["evaluation"]["imagenet"]) for r in runs]
@@ -312,7 +442,26 @@ def divergence_lines(arms: dict[str, list[dict[str, Any]]]) -> list[str]:
                   f"{mean_of('high_freq_rmse', [bad]):.4f} vs {mean_of('high_freq_rmse', rest):.4f}, out-of-range "
                   f"pixels {100 * mean_of('out_of_range', [bad]):.2f}% vs "
                   f"{100 * mean_of('out_of_range', rest):.2f}%.", ""]
+        if with_verdicts:
+            lines += without_seed_lines(arms, name, bad)
     return lines
+
+
+def without_seed_lines(arms: dict[str, list[dict[str, Any]]], name: str, bad: dict[str, Any]) -> list[str]:
+    """The comparisons involving ``name`` recomputed without the diverging run ``bad`` (and without the other
+    arm's run of the same seed, so pairs stay paired): the verdicts stand with all seeds, this is the check."""
+    others = {k: [r for r in v if r["seed"] != bad["seed"]] for k, v in arms.items()}
+    out = []
+    for title, fam in (("primary", PRIMARY), ("exploratory", SECONDARY)):
+        involved = [f for f in fam if name in (f[2], f[3])]
+        if not involved:
+            continue
+        summ = family_summary(others, fam)
+        for pid, _, a, b in involved:
+            c = _comparison(summ, a, b)
+            out.append(f"{pid} ({title}) without seed {bad['seed']}: {_said(c)}")
+    return ([f"Without seed {bad['seed']} (the reported verdicts keep it): " + "; ".join(out) + ".", ""]
+            if out else [])
 
 
 def plot_curves(rows: dict[str, dict[str, Any]], out: Path) -> None:

@@ -174,3 +174,43 @@ def test_the_main_phase_probes_its_own_commit_once(study: Path, monkeypatch) -> 
     monkeypatch.setattr(sf, "code_version", lambda: {"commit": "abc123", "dirty": True})
     with pytest.raises(SystemExit, match="needs a clean checkout"):
         sf.check_main_code(study / "plan.json")
+
+
+def test_conclusion_extra_seeds_and_the_check_without_a_diverging_seed(study: Path) -> None:
+    finish_searches()
+    rng = random.Random(3)
+    levels = {"loopvae": 27.0, "loopvae-sc": 28.0, "klvae": 24.0, "dcae": 27.95}
+    for family, level in levels.items():
+        for budget in (["images", "cpu"],) if family == "loopvae-sc" else (["images"], ["cpu"]):
+            tag = "img" if "images" in budget else "cpu"
+            for seed in (0, 1, 2):
+                name = f"main-{family}-{tag}-s{seed}"
+                diverge = family == "klvae" and tag == "img" and seed == 1
+                sf.write_result(name, main_record(name, family, budget, seed, level + 0.02 * seed, rng, diverge))
+    page = report.render()
+    computed = json.loads((study / "results.json").read_text())["computed"]
+    # the conclusion: computed from the verdicts, with the cost ratios
+    assert "## 4. Conclusion" in page and computed["conclusion"]["complete"]
+    assert "**Recurrence without shortcuts** (`loopvae` − `klvae`, primary, Holm)" in page
+    assert "stores 1.00× the weights" in page  # the synthetic records share params / GMACs
+    summary = computed["conclusion"]["summary"]
+    # P1: the diverging reference seed widens the interval; P3: better; P2 / P4: +-0.1 dB
+    assert "recurrence is inconclusive at equal images (+3.47 dB) and better at equal CPU-seconds" in summary
+    assert "is not resolved by these seeds at either budget" in summary
+    assert "adding shortcuts buys quality at equal images (+1.13 dB) for LoopVAE" in summary
+    # P2 / P4 (+0.05 dB) are inconclusive: their arms get the pre-registered seeds 3 and 4
+    assert "### Extra seeds (pre-registered rule)" in page
+    assert ("`loopvae-sc@img` and `dcae@img` get seeds 3 and 4 (once), to run: `python benchmarks/study_fair.py "
+            "--phase main --seeds 3 4 --families dcae loopvae-sc --budgets img`") in page
+    # the diverging klvae seed: the comparisons recomputed without it
+    assert "Without seed 1 (the reported verdicts keep it): P1 (primary) without seed 1:" in page
+    # every arm against bicubic, by seed
+    assert computed["vs_bicubic"]["loopvae@img"]["verdict"] == "better"
+    assert "The bicubic row keeps a 74×74 RGB image per 256² image (0.251 values per pixel" in page
+
+
+def test_the_driver_filters_main_runs_by_budget(study: Path, monkeypatch) -> None:
+    finish_searches()
+    costs = json.loads((study / "probe.json").read_text())
+    names = [p.arm.name for p in sf.main_runs(costs, (3, 4)) if p.arm.name.split("-")[-2] in ["img"]]
+    assert "main-klvae-img-s3" in names and not any("-cpu-" in n for n in names)
