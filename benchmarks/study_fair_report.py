@@ -279,6 +279,8 @@ def main_section(rows: dict[str, dict[str, Any]], costs: dict[str, Any]) -> tupl
                   "these 'different'. This is why the seed is the unit.", ""]
     lines += divergence_lines(arms, primary is not None and secondary is not None)
     lines += extra_seed_lines(primary, missing)
+    flat_lines, computed["flattening"] = flattening_lines(arms)
+    lines += flat_lines
     lines += ["![validation PSNR against images seen and CPU-seconds](study_fair/curves.png)", ""]
     conclusion, computed["conclusion"] = conclusion_lines(arms, primary, secondary, missing)
     lines += conclusion
@@ -366,6 +368,47 @@ def conclusion_lines(arms: dict[str, list[dict[str, Any]]], primary: dict[str, A
     lines += ["", summary, ""]
     out["summary"] = summary.replace("**", "")
     return lines, out
+
+
+def _regular(curve: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The validation points of a curve at its regular interval: a final validation a few steps after the last
+    regular one (steps not divisible by the interval) replaces it rather than forming a tiny last interval."""
+    points = [p for p in curve if p.get("psnr") is not None]
+    if len(points) >= 3:
+        gap = statistics.median(b["images_seen"] - a["images_seen"] for a, b in zip(points, points[1:]))
+        if points[-1]["images_seen"] - points[-2]["images_seen"] < gap / 2:
+            points = points[:-2] + points[-1:]
+    return points
+
+
+FLAT_DB = 0.10  # a learning curve whose last validation interval gains less than this (mean over seeds) is flat
+
+
+def flattening_lines(arms: dict[str, list[dict[str, Any]]]) -> tuple[list[str], dict[str, Any]]:
+    """Whether each arm's validation curve has flattened: the gain of its last interval (a sixth of the run),
+    mean over seeds, against :data:`FLAT_DB`, and that gain as a share of the whole run's."""
+    out, parts = {}, []
+    for name, runs in sorted(arms.items()):
+        curves = [_regular(r["curve"]) for r in runs]
+        curves = [c for c in curves if len(c) >= 3]
+        if not curves:
+            continue
+        last = statistics.fmean(c[-1]["psnr"] - c[-2]["psnr"] for c in curves)
+        total = statistics.fmean(c[-1]["psnr"] - c[0]["psnr"] for c in curves)
+        crops = statistics.fmean(c[-1]["images_seen"] - c[-2]["images_seen"] for c in curves)
+        flat = last < FLAT_DB
+        out[name] = {"last_interval_db": last, "run_gain_db": total, "last_interval_crops": crops, "flat": flat}
+        parts.append(f"`{name}` {last:+.2f} dB over its last {crops:,.0f} crops ({100 * last / total:.0f}% of its "
+                     f"gain since the first validation): {'flat' if flat else 'still rising'}")
+    if not parts:
+        return [], out
+    rising = [k for k, v in out.items() if not v["flat"]]
+    tail = ("" if not rising else
+            f" The curves of {', '.join(f'`{k}`' for k in rising)} have not flattened, so a longer run would raise "
+            "them further; with a cosine learning rate (down to 2% at the end) part of every curve's final flattening "
+            "is the schedule, so these are the values at this budget, not the arms' limits.")
+    return [f"**Have the curves flattened?** (last validation interval, mean over seeds; flat below "
+            f"+{FLAT_DB:.2f} dB) " + "; ".join(parts) + "." + tail, ""], out
 
 
 def extra_seed_lines(primary: dict[str, Any] | None, missing: list[str]) -> list[str]:

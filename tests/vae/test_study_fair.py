@@ -204,6 +204,10 @@ def test_conclusion_extra_seeds_and_the_check_without_a_diverging_seed(study: Pa
             "--phase main --seeds 3 4 --families dcae loopvae-sc --budgets img`") in page
     # the diverging klvae seed: the comparisons recomputed without it
     assert "Without seed 1 (the reported verdicts keep it): P1 (primary) without seed 1:" in page
+    # the synthetic curves gain 0.5 dB in their last interval: not flat
+    assert computed["flattening"]["dcae@img"] == {"last_interval_db": pytest.approx(0.5), "run_gain_db":
+                                                  pytest.approx(1.0), "last_interval_crops": 800, "flat": False}
+    assert "have not flattened, so a longer run would raise them further" in page
     # every arm against bicubic, by seed
     assert computed["vs_bicubic"]["loopvae@img"]["verdict"] == "better"
     assert "The bicubic row keeps a 74×74 RGB image per 256² image (0.251 values per pixel" in page
