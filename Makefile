@@ -4,6 +4,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# pytest-xdist workers (one torch thread each; tests of one file stay on one worker, so module fixtures are built
+# once); PYTEST_WORKERS=0 runs everything in one process.
+PYTEST_WORKERS ?= 2
 
 .PHONY: setup test lint demo bench bench-gpu study study-report study-quick study-vae study-vae-report study-schedule study-schedule-report study-fair study-fair-report recipe-search-vae \
 	release-vae release-references release-vae-gpu-prepare release-vae-gpu clean
@@ -19,7 +22,7 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 test: setup
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --durations=15 $(PYTEST_ARGS)
 
 # The main job: train, evaluate, intervene and profile the tiny LoopVAE on the bundled images.
 demo: setup

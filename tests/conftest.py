@@ -12,6 +12,13 @@ import torch
 # malloc's defaults; tests/core/test_speed.py exercises the retained allocator in subprocesses.
 os.environ["LOOPVISION_CPU_ALLOCATOR"] = "system"
 
+# `make test` runs two pytest-xdist workers on the two cores: one torch thread per worker, and the same for the
+# command lines the tests start as subprocesses (OMP_NUM_THREADS is inherited), or each worker's thread pool
+# spins against the other's.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+
 
 @pytest.fixture(autouse=True)
 def _seed_everything() -> None:
