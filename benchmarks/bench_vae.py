@@ -371,7 +371,7 @@ def render_depthwise(result: dict, rounds: int, steps: int) -> str:
     return "\n".join(lines)
 
 
-def render_goals(train: dict, inference: dict, rounds: int, steps: int, inference_rounds: int) -> str:
+def render_goals(train: dict, inference: dict, rounds: int, steps: int) -> str:
     med = lambda v: sorted(v)[len(v) // 2]
     from loopvae.profile import count_model
 
@@ -382,7 +382,7 @@ def render_goals(train: dict, inference: dict, rounds: int, steps: int, inferenc
         "allocator) after warm-up, so that machine drift hits both alike; the ratio is of the medians, with the "
         f"range of the per-round ratios. Training: {rounds} rounds × {steps} steps of the `release-tiny` step "
         "(noisy posterior sample, decode, L1 + 10 MSE + KL, backward, clipping, AdamW, EMA; 8 crops of 64², "
-        f"{train['threads']} threads). Inference: {inference_rounds} rounds of one 256² reconstruction at batch 1. "
+        f"{train['threads']} threads). Inference: {rounds} rounds of one 256² reconstruction at batch 1. "
         f"Machine: {machine()}.", "",
         "| measurement | LoopVAE ms | reference ms | time ratio | per-round ratios | MAC ratio | goal | verdict |",
         "|---|---:|---:|---:|---|---:|---:|---|",
@@ -461,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
         train = run_json([script, "--worker", "train-ratio", "--goal-rounds", str(args.goal_rounds), "--goal-steps",
                           str(args.goal_steps)])
         inference = run_json([script, "--worker", "alternate", "--rounds", str(args.goal_rounds)])
-        publish(render_goals(train, inference, args.goal_rounds, args.goal_steps, args.goal_rounds), args.out,
+        publish(render_goals(train, inference, args.goal_rounds, args.goal_steps), args.out,
                 "loopvae-goals")
     if "depthwise" in parts:
         result = run_json([script, "--worker", "depthwise", "--goal-rounds", str(args.goal_rounds), "--goal-steps",

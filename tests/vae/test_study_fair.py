@@ -212,5 +212,9 @@ def test_conclusion_extra_seeds_and_the_check_without_a_diverging_seed(study: Pa
 def test_the_driver_filters_main_runs_by_budget(study: Path, monkeypatch) -> None:
     finish_searches()
     costs = json.loads((study / "probe.json").read_text())
-    names = [p.arm.name for p in sf.main_runs(costs, (3, 4)) if p.arm.name.split("-")[-2] in ["img"]]
+    names = [p.arm.name for p in sf.select_main(sf.main_runs(costs, (3, 4)), list(sf.FAMILIES), ["img"])]
     assert "main-klvae-img-s3" in names and not any("-cpu-" in n for n in names)
+    # P4's extra seeds: loopvae-sc's equal-images runs are its equal-CPU runs
+    names = [p.arm.name for p in sf.select_main(sf.main_runs(costs, (3, 4)), ["loopvae-sc", "dcae"], ["cpu"])]
+    assert sorted(names) == ["main-dcae-cpu-s3", "main-dcae-cpu-s4", "main-loopvae-sc-img-s3",
+                             "main-loopvae-sc-img-s4"]

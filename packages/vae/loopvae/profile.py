@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -351,10 +352,8 @@ def profile(models: list[str], out_dir: str | Path, quality: str | Path | None =
                                  train_batch=train_batch, train_resolution=train_resolution,
                                  memory_format=kwargs.get("memory_format", "contiguous"),
                                  repeats=max(1, kwargs.get("iters", 3))) for name in models]
-        (out / "breakdown.json").write_text(json.dumps({"peaks": {"flops_per_s": peaks.flops_per_s,
-                                                                   "bytes_per_s": peaks.bytes_per_s,
-                                                                   "threads": peaks.threads, "how": peaks.how},
-                                                         "models": parts}, indent=2, allow_nan=False))
+        (out / "breakdown.json").write_text(json.dumps({"peaks": asdict(peaks), "models": parts}, indent=2,
+                                                       allow_nan=False))
         text += "\n" + render_breakdown(parts, peaks)
         plot_or_warn(plot_breakdown, parts, out / "breakdown.png", log=log)
     (out / "profile.md").write_text(text)
