@@ -21,6 +21,8 @@ from loopvae.compare import CompareOptions, SeedEvaluation, summarise  # noqa: E
 
 # The pre-registered primary family (written on the page before the main runs started): PSNR on the 40 held-out
 # ImageNet-sample images at 256^2, seed-level, Holm over these four.
+# The extra seeds run from this branch: the main commit plus the driver's --budgets filter (training code unchanged).
+EXTRA_SEEDS_BRANCH = "study-fair-extra-seeds"
 PRIMARY = [
     ("P1", "recurrence without shortcuts, equal images", "loopvae@img", "klvae@img"),
     ("P2", "recurrence with shortcuts, equal images", "loopvae-sc@img", "dcae@img"),
@@ -204,15 +206,16 @@ def _fmt(c: dict[str, Any], digits: int = 2) -> str:
 
 
 def main_section(rows: dict[str, dict[str, Any]], costs: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
-    arms = main_arms(rows)
-    computed: dict[str, Any] = {"arms": {k: [r["name"] for r in v] for k, v in arms.items()}}
     lines = ["## 3. The 2 × 2 at each arm's own recipe", ""]
     plan = json.loads((sf.DOCS / "plan.json").read_text()) if (sf.DOCS / "plan.json").is_file() else {}
     planned = sf.main_runs(plan.get("probe", costs))
-    missing = [p.arm.name for p in planned if p.arm.name not in rows]
+    missing = [p.arm.name for p in planned if rows.get(p.arm.name, {}).get("status") != "finished"]
+    arms, rule = apply_extra_seed_rule(main_arms(rows), missing, rows, plan.get("probe", costs))
+    computed = {"arms": {k: [r["name"] for r in v] for k, v in arms.items()}, "extra_seed_rule": rule}
     if plan:
-        lines.append(f"Every main run trains on commit `{plan['main_commit'][:10]}` (`plan.json`; the driver refuses "
-                     "other training code).")
+        lines.append(f"Every main run trains on the training code of commit `{plan['main_commit'][:10]}` (`plan.json`; "
+                     "the driver refuses a checkout whose packages/ or pipelines/ differ from it)."
+                     + _other_commits_note(rows, plan["main_commit"]))
     if plan.get("probe"):
         ips = ", ".join(f"{k} {v:.1f}" for k, v in plan["probe"]["images_per_second"].items())
         lines.append(f"The equal-CPU step counts come from a cost probe on that commit ({plan['probe']['date']}, "
@@ -278,11 +281,11 @@ def main_section(rows: dict[str, dict[str, Any]], costs: dict[str, Any]) -> tupl
                   f"{max(abs(n['diff']) for n in nulls):.2f} dB): a by-image verdict between single runs would call "
                   "these 'different'. This is why the seed is the unit.", ""]
     lines += divergence_lines(arms, primary is not None and secondary is not None)
-    lines += extra_seed_lines(primary, missing)
+    lines += extra_seed_lines(rule)
     flat_lines, computed["flattening"] = flattening_lines(arms)
     lines += flat_lines
     lines += ["![validation PSNR against images seen and CPU-seconds](study_fair/curves.png)", ""]
-    conclusion, computed["conclusion"] = conclusion_lines(arms, primary, secondary, missing)
+    conclusion, computed["conclusion"] = conclusion_lines(arms, primary, secondary, missing + rule["missing"])
     lines += conclusion
     return lines, computed
 
@@ -411,25 +414,85 @@ def flattening_lines(arms: dict[str, list[dict[str, Any]]]) -> tuple[list[str], 
             f"+{FLAT_DB:.2f} dB) " + "; ".join(parts) + "." + tail, ""], out
 
 
-def extra_seed_lines(primary: dict[str, Any] | None, missing: list[str]) -> list[str]:
-    """The pre-registered extra seeds: once seeds 0-2 are in, each inconclusive primary comparison's two arms get
-    seeds 3 and 4 (once); the page says which runs that means and whether they have run."""
-    if primary is None or missing:
+def _other_commits_note(rows: dict[str, dict[str, Any]], main_commit: str) -> str:
+    """Main runs that recorded another commit than the plan's (the extra seeds ran from a driver-only change)."""
+    others: dict[str, list[str]] = {}
+    for name, r in rows.items():
+        commit = (r.get("code") or {}).get("commit", "")
+        if name.startswith("main-") and commit and commit != main_commit:
+            others.setdefault(commit, []).append(name)
+    return "".join(
+        f" {', '.join(f'`{n}`' for n in sorted(names))} ran from commit `{c[:10]}` (branch "
+        f"`{EXTRA_SEEDS_BRANCH}`: `{main_commit[:10]}` plus the driver's `--budgets` filter in benchmarks/, "
+        "the same training code, which the driver checked)." for c, names in sorted(others.items()))
+
+
+def apply_extra_seed_rule(arms: dict[str, list[dict[str, Any]]], missing: list[str],
+                          rows: dict[str, dict[str, Any]], costs: dict[str, Any],
+                          ) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Any]]:
+    """The pre-registered seed rule, applied in its two stages.
+
+    Stage 1: every arm at seeds 0-2 (:data:`study_fair.MAIN_SEEDS`); a primary comparison inconclusive there (after
+    Holm over the four) extends *its* two arms to seeds 3 and 4 (once). Each arm key (``family@budget``) belongs to
+    exactly one primary comparison, so the other comparisons keep seeds 0-2 even where a run serves two budgets
+    (``loopvae-sc``'s equal-images runs also serve the CPU budget). Returns the arms every number on the page uses
+    and the rule's record: the stage-1 comparisons, the extended ones, and the extra runs still missing.
+    """
+    first = {k: [r for r in v if r["seed"] in sf.MAIN_SEEDS] for k, v in arms.items()}
+    first = {k: v for k, v in first.items() if v}
+    rule: dict[str, Any] = {"stage1_complete": not missing, "stage1": {}, "extended": [], "extra_runs": {},
+                            "missing": []}
+    if missing:
+        return first, rule
+    stage1 = family_summary(first, PRIMARY)
+    extended_arms: set[str] = set()
+    for pid, _, a, b in PRIMARY:
+        c = _comparison(stage1, a, b)
+        rule["stage1"][pid] = None if c is None else {k: c.get(k) for k in ("diff", "ci", "p_holm", "verdict")}
+        if c is None or c["verdict"] != "inconclusive":
+            continue
+        rule["extended"].append(pid)
+        extended_arms.update((a, b))
+        families = sorted({x.split("@")[0] for x in (a, b)})
+        budget = a.split("@")[1]
+        names = [p.arm.name for p in sf.select_main(sf.main_runs(costs, sf.EXTRA_SEEDS), families, [budget])]
+        rule["extra_runs"][pid] = names
+        rule["missing"] += [n for n in names if rows.get(n, {}).get("status") != "finished"]
+    seeds = set(sf.MAIN_SEEDS) | set(sf.EXTRA_SEEDS)
+    final = {k: ([r for r in v if r["seed"] in seeds] if k in extended_arms else first.get(k, []))
+             for k, v in arms.items()}
+    return {k: v for k, v in final.items() if v}, rule
+
+
+def _holm(c: dict[str, Any]) -> str:
+    p = "–" if c.get("p_holm") is None else f"{c['p_holm']:.3g}"
+    return f"{c['diff']:+.2f} dB, Holm p {p}"
+
+
+def extra_seed_lines(rule: dict[str, Any]) -> list[str]:
+    """What the pre-registered extra-seed rule decided at 3 seeds, which runs that means and whether they ran."""
+    if not rule["stage1_complete"]:
         return []
     lines = []
     for pid, _, a, b in PRIMARY:
-        c = _comparison(primary, a, b)
-        if c is None or c["verdict"] != "inconclusive":
+        c = rule["stage1"].get(pid)
+        if c is None:
             continue
-        have = min(c.get("n_a") or 0, c.get("n_b") or 0)
+        if pid not in rule["extended"]:
+            lines.append(f"- {pid} at seeds 0–2: {c['verdict']} ({_holm(c)}): "
+                         "no extra seeds.")
+            continue
+        names = rule["extra_runs"][pid]
+        todo = [n for n in names if n in rule["missing"]]
         families = sorted({x.split("@")[0] for x in (a, b)})
-        budget = a.split("@")[1]
-        state = ("done: the verdict above uses them" if have >= 5 else
-                 f"to run: `python benchmarks/study_fair.py --phase main --seeds {' '.join(map(str, sf.EXTRA_SEEDS))} "
-                 f"--families {' '.join(families)} --budgets {budget}`")
-        lines.append(f"- {pid} is inconclusive at {have} seeds: by the pre-registration, `{a}` and `{b}` get seeds "
-                     f"{' and '.join(map(str, sf.EXTRA_SEEDS))} (once), {state}.")
-    return (["### Extra seeds (pre-registered rule)", ""] + lines + [""]) if lines else []
+        state = ("done: the verdict above uses seeds 0–4" if not todo else
+                 f"{len(todo)} of {len(names)} runs to go, from a worktree of `{EXTRA_SEEDS_BRANCH}` at /tmp/study: "
+                 f"`python /tmp/study/benchmarks/study_fair.py --phase main --seeds "
+                 f"{' '.join(map(str, sf.EXTRA_SEEDS))} --families {' '.join(families)} --budgets {a.split('@')[1]}`")
+        lines.append(f"- {pid} at seeds 0–2: inconclusive ({_holm(c)}): by the "
+                     f"pre-registration `{a}` and `{b}` get seeds {' and '.join(map(str, sf.EXTRA_SEEDS))} (once; "
+                     f"{', '.join(f'`{n}`' for n in names)}), {state}.")
+    return ["### Extra seeds (pre-registered rule, decided at seeds 0–2)", ""] + lines + [""]
 
 
 def _bicubic_note(run: dict[str, Any]) -> str:

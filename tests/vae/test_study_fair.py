@@ -136,6 +136,17 @@ def write_main_runs(rng: random.Random) -> None:
                 sf.write_result(name, main_record(name, family, budget, seed, level + 0.02 * seed, rng, diverge))
 
 
+def write_extra_runs(rng: random.Random, families: list[str]) -> None:
+    """Seeds 3 and 4 of ``families`` at every budget they train for."""
+    levels = {"loopvae": 27.0, "loopvae-sc": 28.0, "klvae": 24.0, "dcae": 27.95}
+    for family in families:
+        for budget in (["images", "cpu"],) if family == "loopvae-sc" else (["images"], ["cpu"]):
+            tag = "img" if "images" in budget else "cpu"
+            for seed in (3, 4):
+                name = f"main-{family}-{tag}-s{seed}"
+                sf.write_result(name, main_record(name, family, budget, seed, levels[family] + 0.02 * seed, rng))
+
+
 def test_page_reads_the_pre_registered_family_with_holm(study: Path) -> None:
     finish_searches()
     write_main_runs(random.Random(0))
@@ -185,19 +196,35 @@ def test_conclusion_extra_seeds_and_the_check_without_a_diverging_seed(study: Pa
     write_main_runs(random.Random(3))
     page = report.render()
     computed = json.loads((study / "results.json").read_text())["computed"]
+    # at seeds 0-2, P2 / P4 (+0.05 dB) are inconclusive: their arms get the pre-registered seeds 3 and 4, and the
+    # conclusion waits for them
+    rule = computed["extra_seed_rule"]
+    # (P1 too: the diverging klvae seed widens its interval)
+    assert rule["extended"] == ["P1", "P2", "P4"] and rule["stage1"]["P3"]["verdict"] == "better"
+    assert set(rule["missing"]) == {f"main-{f}-s{s}" for s in (3, 4) for f in (
+        "loopvae-img", "klvae-img", "loopvae-sc-img", "dcae-img", "dcae-cpu")}  # not loopvae / klvae at cpu (P3)
+    assert "### Extra seeds (pre-registered rule, decided at seeds 0–2)" in page
+    assert ("`loopvae-sc@img` and `dcae@img` get seeds 3 and 4 (once; `main-loopvae-sc-img-s3`, "
+            "`main-loopvae-sc-img-s4`, `main-dcae-img-s3`, `main-dcae-img-s4`), 4 of 4 runs to go, from a worktree of "
+            "`study-fair-extra-seeds` at /tmp/study: `python /tmp/study/benchmarks/study_fair.py "
+            "--phase main --seeds 3 4 --families dcae loopvae-sc --budgets img`") in page
+    assert "- P3 at seeds 0–2: better" in page and "no extra seeds" in page
+    assert not computed["conclusion"]["complete"] and "## 4. Conclusion" in page
+    write_extra_runs(random.Random(4), ["loopvae-sc", "dcae", "loopvae", "klvae"])  # cpu s3/s4 too: unused
+    page = report.render()
+    computed = json.loads((study / "results.json").read_text())["computed"]
+    assert "done: the verdict above uses seeds 0–4" in page and not computed["extra_seed_rule"]["missing"]
+    primary = {(c["a"], c["b"]): c for c in computed["primary"]["comparisons"] if c["metric"] == "psnr"}
+    assert (primary[("loopvae-sc@img", "dcae@img")]["n_a"], primary[("loopvae@cpu", "klvae@cpu")]["n_a"]) == (5, 3)
     # the conclusion: computed from the verdicts, with the cost ratios
-    assert "## 4. Conclusion" in page and computed["conclusion"]["complete"]
+    assert computed["conclusion"]["complete"]
     assert "**Recurrence without shortcuts** (`loopvae` − `klvae`, primary, Holm)" in page
     assert "stores 1.00× the weights" in page  # the synthetic records share params / GMACs
     summary = computed["conclusion"]["summary"]
-    # P1: the diverging reference seed widens the interval; P3: better; P2 / P4: +-0.1 dB
-    assert "recurrence is inconclusive at equal images (+3.47 dB) and better at equal CPU-seconds" in summary
+    # P1: inconclusive at 3 seeds (the diverging reference seed), better at 5; P3: better; P2 / P4: +-0.1 dB
+    assert "recurrence buys quality at both budgets" in summary
     assert "is not resolved by these seeds at either budget" in summary
-    assert "adding shortcuts buys quality at equal images (+1.13 dB) for LoopVAE" in summary
-    # P2 / P4 (+0.05 dB) are inconclusive: their arms get the pre-registered seeds 3 and 4
-    assert "### Extra seeds (pre-registered rule)" in page
-    assert ("`loopvae-sc@img` and `dcae@img` get seeds 3 and 4 (once), to run: `python benchmarks/study_fair.py "
-            "--phase main --seeds 3 4 --families dcae loopvae-sc --budgets img`") in page
+    assert "adding shortcuts buys quality at equal images" in summary
     # the diverging klvae seed: the comparisons recomputed without it
     assert "Without seed 1 (the reported verdicts keep it): P1 (primary) without seed 1:" in page
     # the synthetic curves gain 0.5 dB in their last interval: not flat
@@ -209,6 +236,22 @@ def test_conclusion_extra_seeds_and_the_check_without_a_diverging_seed(study: Pa
     assert "The bicubic row keeps a 74×74 RGB image per 256² image (0.251 values per pixel" in page
 
 
+def test_extra_seeds_count_only_in_the_comparisons_the_rule_extends(study: Path) -> None:
+    finish_searches()
+    write_main_runs(random.Random(3))
+    write_extra_runs(random.Random(4), ["loopvae-sc", "dcae", "loopvae", "klvae"])
+    rows = report.results()
+    costs = json.loads((study / "probe.json").read_text())
+    arms, rule = report.apply_extra_seed_rule(report.main_arms(rows), [], rows, costs)
+    seeds = {k: [r["seed"] for r in v] for k, v in arms.items()}
+    assert seeds["loopvae-sc@img"] == seeds["dcae@cpu"] == [0, 1, 2, 3, 4]
+    # P3 was decided at seeds 0-2: its arms keep them although seeds 3 and 4 exist
+    assert "P3" not in rule["extended"] and seeds["loopvae@cpu"] == seeds["klvae@cpu"] == [0, 1, 2]
+    # before stage 1 is complete only seeds 0-2 count, and nothing is extended
+    first, early = report.apply_extra_seed_rule(report.main_arms(rows), ["main-x"], rows, costs)
+    assert all(r["seed"] < 3 for v in first.values() for r in v) and early["extended"] == []
+
+
 def test_the_driver_filters_main_runs_by_budget(study: Path, monkeypatch) -> None:
     finish_searches()
     costs = json.loads((study / "probe.json").read_text())
@@ -218,3 +261,16 @@ def test_the_driver_filters_main_runs_by_budget(study: Path, monkeypatch) -> Non
     names = [p.arm.name for p in sf.select_main(sf.main_runs(costs, (3, 4)), ["loopvae-sc", "dcae"], ["cpu"])]
     assert sorted(names) == ["main-dcae-cpu-s3", "main-dcae-cpu-s4", "main-loopvae-sc-img-s3",
                              "main-loopvae-sc-img-s4"]
+
+
+def test_the_page_names_main_runs_from_another_commit(study: Path) -> None:
+    finish_searches()
+    write_main_runs(random.Random(3))
+    (study / "plan.json").write_text(json.dumps({"main_commit": "a" * 40}))
+    name = "main-dcae-img-s1"
+    record = json.loads((study / "runs" / f"{name}.json").read_text())
+    record["code"] = {"commit": "b" * 40, "dirty": False}
+    sf.write_result(name, record)
+    page = report.render()
+    assert f"Every main run trains on the training code of commit `{'a' * 10}`" in page
+    assert f"`{name}` ran from commit `{'b' * 10}` (branch `study-fair-extra-seeds`" in page

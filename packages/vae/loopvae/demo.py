@@ -47,6 +47,16 @@ def bundled_model_dir() -> Path:
     return path
 
 
+def train_short_run(out: Path, overrides: list[str] | None, train_steps: int):
+    """Train (or reuse, when ``out/train`` already holds the finished run) the demo's short run.
+
+    Returns ``(TrainResult, config)``; a reused run's result has an empty ``history``.
+    """
+    config = load_train_config("tiny-stage1", [f"max_steps={train_steps}", "progress_bar=true", *(overrides or [])])
+    train_urls = [str(u) for u in loopdata.bundled_kodak_urls("train")]
+    return train(config, train_urls, out / "train"), config
+
+
 def run_demo(
     out_dir: str | Path = "runs/demo", overrides: list[str] | None = None, log=print,
     train_steps: int = DEMO_TRAIN_STEPS, profile_iters: int = 3,
@@ -55,14 +65,12 @@ def run_demo(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     bundled = bundled_model_dir()
-    train_urls = [str(u) for u in loopdata.bundled_kodak_urls("train")]
     val_urls = ",".join(str(u) for u in loopdata.bundled_kodak_urls("val"))
     timings = {}
 
     log(f"[1/4] a {train_steps}-step training run of loopvae-cnn-tiny (tiny-stage1) on the bundled kodak-train images")
     start = time.perf_counter()
-    config = load_train_config("tiny-stage1", [f"max_steps={train_steps}", "progress_bar=true", *(overrides or [])])
-    result = train(config, train_urls, out / "train")
+    result, config = train_short_run(out, overrides, train_steps)
     timings["train"] = time.perf_counter() - start
 
     log(f"[2/4] evaluating the bundled model ({bundled}) and the short run on kodak-val at 256x256")
