@@ -335,6 +335,13 @@ def main_probe() -> dict[str, Any]:
                    "median of 5 rounds x 3 steps (nothing else running)"}
 
 
+def select_main(planned: list[Planned], families: list[str], budgets: list[str]) -> list[Planned]:
+    """The main runs of ``families`` that serve one of ``budgets`` (``img`` / ``cpu``): the slowest family's
+    equal-images runs serve the CPU budget too, so they stay in a ``cpu`` selection."""
+    wanted = {{"img": "images"}.get(b, b) for b in budgets}
+    return [p for p in planned if p.record["family"] in families and wanted & set(p.record["budget"])]
+
+
 def check_main_code(plan_file: Path) -> dict[str, Any]:
     """Every main run trains on one code version: the first main run records its commit in ``plan.json``, with a
     cost probe measured on that commit (:func:`main_probe`); later sittings must run from a checkout whose training
@@ -508,6 +515,8 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=None,
                         help="main phase: these seeds (default 0 1 2; 3 4 are the pre-registered extra seeds)")
     parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
+    parser.add_argument("--budgets", nargs="+", default=["img", "cpu"], choices=["img", "cpu"],
+                        help="main phase: only these budgets (the extra seeds of one inconclusive comparison)")
     parser.add_argument("--runs", default="runs/study-fair")
     parser.add_argument("--shared", default=None)
     parser.add_argument("--jobs", type=int, default=2)
@@ -539,8 +548,8 @@ def main() -> int:
         # the equal-CPU budgets from the probe on the main commit (the search's probe predates it)
         costs = plan.get("probe", costs)
         print("main phase images/s (1 thread):", json.dumps(costs["images_per_second"]), flush=True)
-        planned = [p for p in main_runs(costs, tuple(args.seeds) if args.seeds else MAIN_SEEDS)
-                   if p.record["family"] in args.families]
+        planned = select_main(main_runs(costs, tuple(args.seeds) if args.seeds else MAIN_SEEDS), args.families,
+                              args.budgets)
         # longest first: the equal-CPU runs, then by seed so that every arm's first seeds finish early
         planned.sort(key=lambda p: (p.arm.seed, -p.record["steps"] / costs["images_per_second"].get(
             p.record["family"], 30.0)))
