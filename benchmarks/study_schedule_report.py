@@ -578,7 +578,10 @@ def render(result: dict[str, Any], command: str) -> str:
         "is the unit of every verdict. A by-image interval covers the images of single runs (one run per model for "
         "a one-seed arm), not the training noise, so it is descriptive and carries no verdict word. No comparison "
         "was written down before the runs and none is corrected for multiplicity, so every verdict on this page is "
-        "exploratory. Encoder passes "
+        "exploratory. The reference is `flux-vae-tiny` trained at LoopVAE's recipe at an untuned shape (2 channels "
+        "per GroupNorm group) with one seed far below the others, so the Δ column measures the schedules against "
+        "that baseline only; LoopVAE against references tuned on their own terms, seed-level with pre-registered, "
+        "Holm-corrected comparisons, is [study_fair.md](study_fair.md). Encoder passes "
         "are fine → coarse (2x, 4x, 8x), decoder passes coarse → fine (8x, 4x, 2x).", "",
         "## The arms", "",
         "| arm | passes enc / dec | seeds | params | GMACs | CPU ms/img | PSNR (sd) | PSNR kodak | PSNR ImageNet | "
