@@ -335,8 +335,8 @@ def conclusion_lines(arms: dict[str, list[dict[str, Any]]], primary: dict[str, A
     what cost in weights, MACs and training CPU time; computed only once every planned main run has finished."""
     lines = ["## 4. Conclusion (computed from the verdicts above)", ""]
     if missing:
-        return lines + [f"Computed once every planned main run has finished ({len(missing)} missing); the tables "
-                        "above show what has.", ""], {"complete": False}
+        return lines + [f"Computed once every planned main run, the pre-registered extra seeds included, has "
+                        f"finished ({len(missing)} missing); the tables above show what has.", ""], {"complete": False}
     costs = {k: arm_costs(v) for k, v in arms.items()}
     out: dict[str, Any] = {"complete": True, "costs": costs}
 
@@ -550,6 +550,16 @@ def divergence_lines(arms: dict[str, list[dict[str, Any]]], with_verdicts: bool 
                   f"{100 * mean_of('out_of_range', rest):.2f}%.", ""]
         if with_verdicts:
             lines += without_seed_lines(arms, name, bad)
+    if not lines and any(len(runs) > 1 for runs in arms.values()):
+        # say so, with the margin: the rule was applied and found nothing
+        margins = {name: (spreads[name], max(0.5, 5.0 * statistics.median(
+            [v for k, v in spreads.items() if k != name] or [0.0]))) for name, runs in arms.items() if len(runs) > 1}
+        widest = max(margins, key=lambda k: margins[k][0] / margins[k][1])
+        spread, threshold = margins[widest]
+        lines += ["### Diverging seeds: none", "",
+                  f"No arm's seeds spread by more than the pre-registered threshold (max(0.5 dB, 5 × the other arms' "
+                  f"median spread)); the closest is `{widest}`, {spread:.2f} dB between its seeds against a threshold "
+                  f"of {threshold:.2f} dB.", ""]
     return lines
 
 

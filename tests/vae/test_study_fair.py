@@ -274,3 +274,12 @@ def test_the_page_names_main_runs_from_another_commit(study: Path) -> None:
     page = report.render()
     assert f"Every main run trains on the training code of commit `{'a' * 10}`" in page
     assert f"`{name}` ran from commit `{'b' * 10}` (branch `study-fair-extra-seeds`" in page
+
+
+def test_no_diverging_seed_is_stated_with_its_margin(study: Path) -> None:
+    rng = random.Random(5)
+    arms = {f"{family}@img": [main_record(f"main-{family}-img-s{seed}", family, ["images"], seed, level, rng)
+                              for seed in (0, 1, 2)] for family, level in (("loopvae", 27.0), ("klvae", 24.0))}
+    lines = report.divergence_lines(arms)
+    assert lines[0] == "### Diverging seeds: none" and " dB between its seeds against a threshold of " in lines[2]
+    # (a diverging seed's diagnosis: test_page_reads_the_pre_registered_family_with_holm)
