@@ -486,8 +486,8 @@ def extra_seed_lines(rule: dict[str, Any]) -> list[str]:
         todo = [n for n in names if n in rule["missing"]]
         families = sorted({x.split("@")[0] for x in (a, b)})
         state = ("done: the verdict above uses seeds 0–4" if not todo else
-                 f"{len(todo)} of {len(names)} runs to go, from a worktree of `{EXTRA_SEEDS_BRANCH}` at /tmp/study: "
-                 f"`python /tmp/study/benchmarks/study_fair.py --phase main --seeds "
+                 f"{len(todo)} of {len(names)} runs to go, from a worktree of `{EXTRA_SEEDS_BRANCH}` (README, *A fair "
+                 f"fight*, says where): `python <worktree>/benchmarks/study_fair.py --phase main --seeds "
                  f"{' '.join(map(str, sf.EXTRA_SEEDS))} --families {' '.join(families)} --budgets {a.split('@')[1]}`")
         lines.append(f"- {pid} at seeds 0–2: inconclusive ({_holm(c)}): by the "
                      f"pre-registration `{a}` and `{b}` get seeds {' and '.join(map(str, sf.EXTRA_SEEDS))} (once; "
