@@ -16,7 +16,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import study_fair as sf  # noqa: E402
 
-from looprun.statistics import paired_difference, seeds_disagree  # noqa: E402
+from looprun.statistics import disagreement_threshold, paired_difference, seeds_disagree  # noqa: E402
 from loopvae.compare import CompareOptions, SeedEvaluation, summarise  # noqa: E402
 
 # The pre-registered primary family (written on the page before the main runs started): PSNR on the 40 held-out
@@ -441,7 +441,7 @@ def apply_extra_seed_rule(arms: dict[str, list[dict[str, Any]]], missing: list[s
     first = {k: [r for r in v if r["seed"] in sf.MAIN_SEEDS] for k, v in arms.items()}
     first = {k: v for k, v in first.items() if v}
     rule: dict[str, Any] = {"stage1_complete": not missing, "stage1": {}, "extended": [], "extra_runs": {},
-                            "missing": []}
+                            "extra_args": {}, "missing": []}
     if missing:
         return first, rule
     stage1 = family_summary(first, PRIMARY)
@@ -457,6 +457,8 @@ def apply_extra_seed_rule(arms: dict[str, list[dict[str, Any]]], missing: list[s
         budget = a.split("@")[1]
         names = [p.arm.name for p in sf.select_main(sf.main_runs(costs, sf.EXTRA_SEEDS), families, [budget])]
         rule["extra_runs"][pid] = names
+        rule["extra_args"][pid] = (f"--seeds {' '.join(map(str, sf.EXTRA_SEEDS))} --families {' '.join(families)} "
+                                   f"--budgets {budget}")
         rule["missing"] += [n for n in names if rows.get(n, {}).get("status") != "finished"]
     seeds = set(sf.MAIN_SEEDS) | set(sf.EXTRA_SEEDS)
     final = {k: ([r for r in v if r["seed"] in seeds] if k in extended_arms else first.get(k, []))
@@ -479,16 +481,14 @@ def extra_seed_lines(rule: dict[str, Any]) -> list[str]:
         if c is None:
             continue
         if pid not in rule["extended"]:
-            lines.append(f"- {pid} at seeds 0–2: {c['verdict']} ({_holm(c)}): "
-                         "no extra seeds.")
+            lines.append(f"- {pid} at seeds 0–2: {c['verdict']} ({_holm(c)}): no extra seeds.")
             continue
         names = rule["extra_runs"][pid]
         todo = [n for n in names if n in rule["missing"]]
-        families = sorted({x.split("@")[0] for x in (a, b)})
         state = ("done: the verdict above uses seeds 0–4" if not todo else
                  f"{len(todo)} of {len(names)} runs to go, from a worktree of `{EXTRA_SEEDS_BRANCH}` (README, *A fair "
-                 f"fight*, says where): `python <worktree>/benchmarks/study_fair.py --phase main --seeds "
-                 f"{' '.join(map(str, sf.EXTRA_SEEDS))} --families {' '.join(families)} --budgets {a.split('@')[1]}`")
+                 f"fight*, says where): `python <worktree>/benchmarks/study_fair.py --phase main "
+                 f"{rule['extra_args'][pid]}`")
         lines.append(f"- {pid} at seeds 0–2: inconclusive ({_holm(c)}): by the "
                      f"pre-registration `{a}` and `{b}` get seeds {' and '.join(map(str, sf.EXTRA_SEEDS))} (once; "
                      f"{', '.join(f'`{n}`' for n in names)}), {state}.")
@@ -514,15 +514,14 @@ def _describe(d: Any, digits: int = 2) -> str:
 
 
 def divergence_lines(arms: dict[str, list[dict[str, Any]]], with_verdicts: bool = True) -> list[str]:
-    spreads = {}
-    for name, runs in arms.items():
-        vals = [statistics.fmean(x["psnr"] for x in r["evaluation"]["imagenet"]) for r in runs]
-        spreads[name] = (max(vals) - min(vals)) if len(vals) > 1 else 0.0
+    values = {name: [statistics.fmean(x["psnr"] for x in r["evaluation"]["imagenet"]) for r in runs]
+              for name, runs in arms.items()}
+    spreads = {name: (max(v) - min(v)) if len(v) > 1 else 0.0 for name, v in values.items()}
+    others = {name: statistics.median([v for k, v in spreads.items() if k != name] or [0.0]) for name in arms}
     lines = []
     for name, runs in arms.items():
-        vals = [statistics.fmean(x["psnr"] for x in r["evaluation"]["imagenet"]) for r in runs]
-        others = statistics.median([v for k, v in spreads.items() if k != name] or [0.0])
-        if not seeds_disagree(vals, others):
+        vals = values[name]
+        if not seeds_disagree(vals, others[name]):
             continue
         med = statistics.median(vals)
         worst = max(range(len(runs)), key=lambda i: abs(vals[i] - med))
@@ -552,8 +551,8 @@ def divergence_lines(arms: dict[str, list[dict[str, Any]]], with_verdicts: bool 
             lines += without_seed_lines(arms, name, bad)
     if not lines and any(len(runs) > 1 for runs in arms.values()):
         # say so, with the margin: the rule was applied and found nothing
-        margins = {name: (spreads[name], max(0.5, 5.0 * statistics.median(
-            [v for k, v in spreads.items() if k != name] or [0.0]))) for name, runs in arms.items() if len(runs) > 1}
+        margins = {name: (spreads[name], disagreement_threshold(others[name]))
+                   for name, runs in arms.items() if len(runs) > 1}
         widest = max(margins, key=lambda k: margins[k][0] / margins[k][1])
         spread, threshold = margins[widest]
         lines += ["### Diverging seeds: none", "",

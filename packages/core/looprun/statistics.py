@@ -129,7 +129,12 @@ def apply_holm(family: list[Difference]) -> list[Difference]:
     return family
 
 
+def disagreement_threshold(others_spread: float, factor: float = 5.0, floor: float = 0.5) -> float:
+    """The seed spread (max - min, in the metric's unit) above which :func:`seeds_disagree` flags an arm."""
+    return max(floor, factor * others_spread)
+
+
 def seeds_disagree(values: list[float], others_spread: float, factor: float = 5.0, floor: float = 0.5) -> bool:
     """Flag an arm whose seeds differ by more than ``max(floor, factor * others_spread)``: one of them is
     likely a failed run, and a mean over them should not be quoted without that warning."""
-    return len(values) > 1 and max(values) - min(values) > max(floor, factor * others_spread)
+    return len(values) > 1 and max(values) - min(values) > disagreement_threshold(others_spread, factor, floor)
