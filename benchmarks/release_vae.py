@@ -191,8 +191,10 @@ A CPU-scale LoopVAE: `loopvae-cnn-tiny` (width 48, K = 2 ConvNeXt adaLN-Zero blo
 {chr(10).join(rows)}
 
 One run per model: the intervals cover images, not training runs, so they are descriptive and carry no
-verdict. The reference was trained with this model's recipe (searched for LoopVAE) at an untuned shape; the
-seed-level comparison against tuned references is in `docs/study_fair.md`.
+verdict. The reference was trained with this model's recipe (searched for LoopVAE) at an untuned shape. The
+tuned references, each at its own searched recipe for the same crops seen, are bundled next to this model
+(`assets/models/klvae-tiny-w32-attn`, `assets/models/dcae-tiny`; `make release-references`); the seed-level
+comparison against them is in `docs/study_fair.md`.
 
 Decoder finest stage, PSNR with k = 1..4 retained passes (16 images):
 {' → '.join(f"{p['psnr']:.2f}" for p in dec['prefix'])} dB. Full analysis: `docs/study_loopvae.md`.

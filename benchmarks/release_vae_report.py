@@ -97,3 +97,43 @@ def release_section(r: dict[str, Any], folder: Path) -> list[str]:
               f"- Any-time: {anytime_reading(iv)}", "",
               f"![prefix truncation]({folder.name}/release-psnr_vs_passes.png)", ""]
     return lines
+
+
+def references_section(refs: dict[str, Any], release: dict[str, Any] | None) -> list[str]:
+    """The tuned references trained to the bundled model's crops seen (``references.json``, written by
+    ``benchmarks/release_references.py``): one run each, so the numbers are descriptive; the seed-level comparison
+    is ``study_fair.md``."""
+    lines = ["## The tuned references bundled next to it (`make release-references`)", "",
+             f"Produced by `{refs['command']}` on {refs['date']}: each reference at the recipe its own search picked "
+             "([study_fair.md](study_fair.md), section 2), for the crops the bundled LoopVAE saw, on the same "
+             "training and validation images; bundled only if it beats bicubic on the held-out images. One training "
+             "run per model: these numbers describe runs and carry no verdict (seeds: [study_fair.md](study_fair.md)).",
+             "", "| model | class | params | GMACs @256² | crops seen | training CPU-hours | recipe | kodim21–24 "
+             "PSNR / SSIM | held-out ImageNet PSNR / SSIM | bicubic (held-out) | bundled |",
+             "|---|---|---:|---:|---:|---:|---|---|---|---:|---|"]
+    if release is not None:
+        ev, name = release["eval"][LOOPVAE], LOOPVAE
+        lines.append(f"| `loopvae-cnn-tiny` + shortcuts (the bundled LoopVAE) | LoopVAE | "
+                     f"{release['params'][name] / 1e6:.3f}M | {release['gmacs'][name]:.2f} | "
+                     f"{release['images_seen']:,} | {release['train_seconds'][name] / 3600:.2f} | release-tiny | "
+                     f"{ev['kodak']['psnr']:.2f} / {ev['kodak']['ssim']:.4f} | {ev['imagenet']['psnr']:.2f} / "
+                     f"{ev['imagenet']['ssim']:.4f} | {ev['imagenet']['baseline']['psnr']:.2f} | yes |")
+    for model, r in refs["references"].items():
+        ev = r["eval"]
+        lines.append(f"| `{model}` | {r['class']} | {r['params'] / 1e6:.3f}M | {r['gmacs']:.2f} | "
+                     f"{r['images_seen']:,} | {r['train_seconds'] / 3600:.2f} | {r['recipe_arm']} | "
+                     f"{ev['kodak']['psnr']:.2f} / {ev['kodak']['ssim']:.4f} | {ev['imagenet']['psnr']:.2f} / "
+                     f"{ev['imagenet']['ssim']:.4f} | {ev['imagenet']['baseline']['psnr']:.2f} | "
+                     f"{'yes' if r.get('bundled') else 'no: ' + r.get('refused', 'not bundled')} |")
+    curves = {"the bundled LoopVAE": release["curves"][LOOPVAE]} if release is not None else {}
+    curves.update({f"`{model}`": r["curve"] for model, r in refs["references"].items()})
+    lines += ["", "Validation PSNR (40 validation images, EMA weights) over the last three evaluations, and what the "
+              "last fifth of the steps added (a run still gaining has not flattened):", ""]
+    for label, curve in curves.items():
+        last = curve[-1]
+        fifth = min(curve, key=lambda p: abs(p["step"] - 0.8 * last["step"]))
+        values = " → ".join(f"{p['psnr']:.2f}" for p in curve[-3:])
+        steps = ", ".join(f"{p['step']:,}" for p in curve[-3:])
+        lines.append(f"- {label}: {values} dB at steps {steps}; steps {fifth['step']:,} → {last['step']:,}: "
+                     f"{last['psnr'] - fifth['psnr']:+.2f} dB.")
+    return [*lines, ""]

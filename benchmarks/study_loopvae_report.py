@@ -362,11 +362,14 @@ def render(r: dict[str, Any], command: str, folder: Path | None = None) -> str:
               f"{command}`, or the single run: `loopvae train --config {PRESET} --data <the study's training shards> "
               f"--out RUN --set {' '.join(b['overrides'])}`.", ""]
     if folder is not None:
-        from release_vae_report import recipe_section, release_section
+        from release_vae_report import recipe_section, references_section, release_section
 
         lines += recipe_section(folder)
-        if (folder / "release.json").is_file():
-            lines += release_section(json.loads((folder / "release.json").read_text()), folder)
+        release = json.loads((folder / "release.json").read_text()) if (folder / "release.json").is_file() else None
+        if release is not None:
+            lines += release_section(release, folder)
+        if (folder / "references.json").is_file():
+            lines += references_section(json.loads((folder / "references.json").read_text()), release)
     return "\n".join(lines)
 
 

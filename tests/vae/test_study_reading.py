@@ -144,3 +144,30 @@ def test_the_release_by_image_comparisons_are_descriptive(tmp_path: Path) -> Non
     table = card.split("## Measured")[1].split("Decoder finest stage")[0]
     assert "+2.64 [+2.36, +2.92]; 40/40 images higher" in table and "docs/study_fair.md" in table
     assert not any(w in table for w in VERDICT_WORDS)
+
+
+def _reference(psnr: float, bicubic: float, bundled: bool) -> dict:
+    split = {"psnr": psnr, "ssim": 0.8, "baseline": {"psnr": bicubic}}
+    r = {"class": "AutoencoderKL", "params": 1_049_603, "gmacs": 8.11, "images_seen": 60_000, "train_seconds": 3600.0,
+         "recipe_arm": "mse10", "eval": {"kodak": split, "imagenet": split}, "bundled": bundled,
+         "curve": [{"step": 750 * k, "psnr": psnr - 2.0 + 0.2 * k} for k in range(1, 11)]}
+    if not bundled:
+        r["refused"] = f"klvae: {psnr:.2f} dB on the held-out images is not above bicubic ({bicubic:.2f} dB)"
+    return r
+
+
+def test_the_references_section_says_which_reference_was_refused_and_why() -> None:
+    from release_vae_report import references_section
+
+    refs = {"command": "make release-references", "date": "2026-12-07",
+            "references": {"klvae-tiny-w32-attn": _reference(24.9, 25.3, False), "dcae-tiny": _reference(30.1, 25.3,
+                                                                                                           True)}}
+    text = "\n".join(references_section(refs, None))
+    rows = {line.split(" | ")[0]: line for line in text.splitlines() if line.startswith("| `")}
+    assert rows["| `dcae-tiny`"].endswith("| 25.30 | yes |") and "30.10 / 0.8000" in rows["| `dcae-tiny`"]
+    assert "| no: klvae: 24.90 dB on the held-out images is not above bicubic (25.30 dB) |" in rows[
+        "| `klvae-tiny-w32-attn`"]
+    assert "carry no verdict" in text and "1.00 |" in rows["| `dcae-tiny`"]  # CPU-hours from train_seconds
+    # the last fifth of the steps (6,000 -> 7,500) added 2 x 0.2 dB: still rising, said with the numbers
+    assert ("- `dcae-tiny`: 29.70 → 29.90 → 30.10 dB at steps 6,000, 6,750, 7,500; steps 6,000 → 7,500: +0.40 dB."
+            in text)
