@@ -1,6 +1,7 @@
 """loopcore.op_breakdown: ops land in the right class with the right MACs and bytes, and the totals add up."""
 
 import math
+import re
 
 import pytest
 import torch
@@ -146,6 +147,9 @@ def test_summarise_averages_per_step():
 
 
 def test_machine_peaks_are_measured():
-    peaks = measure_machine_peaks(matmul_size=128, copy_mib=8, repeats=2)
+    peaks = measure_machine_peaks(matmul_size=128, copy_mib=8, repeats=2, conv_channels=16, conv_size=16)
     assert peaks.flops_per_s > 1e8 and peaks.bytes_per_s > 1e8
-    assert peaks.threads == torch.get_num_threads() and "128² matmul" in peaks.how
+    assert peaks.threads == torch.get_num_threads() and "128² matmul" in peaks.how and "3×3 convolution" in peaks.how
+    # the ceiling is the faster of the two probes, both stated
+    stated = [float(v) for v in re.findall(r"\(([0-9.]+) GFLOP/s\)", peaks.how)]
+    assert len(stated) == 2 and peaks.flops_per_s / 1e9 == pytest.approx(max(stated), abs=0.06)

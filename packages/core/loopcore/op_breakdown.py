@@ -10,7 +10,8 @@ a measured time instead of predicting it:
   ``flop_counter`` formulas, plus ours for the CPU flash-attention kernels) and the bytes it must move at
   least (each distinct input read once, each output written once; views move nothing).
 * Ops fall into :data:`OP_CLASSES` by what they are (convolutions by their kernel size and groups).
-* :func:`measure_machine_peaks` measures this machine's attainable FLOP/s (a large fp32 matmul) and memory
+* :func:`measure_machine_peaks` measures this machine's attainable FLOP/s (the faster of a large fp32 matmul and
+  a large dense convolution) and memory
   bandwidth (a large copy) with the current thread setting, and :func:`breakdown` turns the records into a
   roofline estimate per class: ``max(FLOPs / peak FLOP/s, bytes / bandwidth)`` summed over the class's ops;
   ``achieved = roofline time / measured time`` says how far each class is from what the machine could do.
@@ -186,8 +187,8 @@ class OpClassRecorder(TorchDispatchMode):
 
 @dataclass
 class MachinePeaks:
-    """Attainable fp32 FLOP/s (a square matmul) and memory bandwidth (a copy larger than the caches), measured
-    here with ``threads`` torch threads; the roofline's two ceilings."""
+    """Attainable fp32 FLOP/s (the faster of a square matmul and a dense 3×3 convolution) and memory bandwidth
+    (a copy larger than the caches), measured here with ``threads`` torch threads; the roofline's two ceilings."""
 
     flops_per_s: float
     bytes_per_s: float
@@ -199,26 +200,43 @@ class MachinePeaks:
         return max(flops / self.flops_per_s, nbytes / self.bytes_per_s)
 
 
-def measure_machine_peaks(matmul_size: int = 1024, copy_mib: int = 256, repeats: int = 5) -> MachinePeaks:
-    """Best-of-``repeats`` fp32 matmul FLOP/s (``2 n^3`` per ``n × n`` product) and copy bandwidth (read + write
-    of a ``copy_mib`` MiB buffer, well beyond a CPU's last-level cache), with torch's current thread count."""
-    a, b = torch.randn(matmul_size, matmul_size), torch.randn(matmul_size, matmul_size)
-    src = torch.ones(copy_mib * 2**20 // 4)
-    dst = torch.empty_like(src)
-    a @ b, dst.copy_(src)  # warm-up: first touch of the pages, thread pool start
-    best_mm = best_copy = math.inf
+def _best_seconds(fn: Callable[[], Any], repeats: int) -> float:
+    fn()  # warm-up: first touch of the pages, thread pool start, the kernel library's plan
+    best = math.inf
     for _ in range(repeats):
         start = time.perf_counter()
-        a @ b
-        best_mm = min(best_mm, time.perf_counter() - start)
-        start = time.perf_counter()
-        dst.copy_(src)
-        best_copy = min(best_copy, time.perf_counter() - start)
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def measure_machine_peaks(matmul_size: int = 1024, copy_mib: int = 256, repeats: int = 5,
+                          conv_channels: int = 256, conv_size: int = 128) -> MachinePeaks:
+    """This machine's two roofline ceilings, with torch's current thread count, best of ``repeats``:
+
+    * FLOP/s: the faster of an fp32 ``n × n`` matmul (``2 n^3`` FLOPs) and a channels-last fp32 3×3
+      convolution, ``conv_channels`` -> ``conv_channels`` at ``conv_size``² (``2 · C² · 9 · H · W`` FLOPs). On
+      x86 CPUs torch's convolution kernels (oneDNN) can outrun its matmul (measured here: 228 vs 159 GFLOP/s),
+      and a ceiling below what a model's own convolutions reach would report them above 100% of the roofline;
+    * bytes/s: read + write of a ``copy_mib`` MiB buffer, well beyond a CPU's last-level cache.
+    """
+    a, b = torch.randn(matmul_size, matmul_size), torch.randn(matmul_size, matmul_size)
+    x = torch.randn(1, conv_channels, conv_size, conv_size).contiguous(memory_format=torch.channels_last)
+    w = torch.randn(conv_channels, conv_channels, 3, 3).contiguous(memory_format=torch.channels_last)
+    src = torch.ones(copy_mib * 2**20 // 4)
+    dst = torch.empty_like(src)
+    with torch.no_grad():
+        mm_flops = 2 * matmul_size**3 / _best_seconds(lambda: a @ b, repeats)
+        conv_flops = (2 * conv_channels**2 * 9 * conv_size**2
+                      / _best_seconds(lambda: torch.nn.functional.conv2d(x, w, padding=1), repeats))
+        copy_bytes = 2 * src.numel() * 4 / _best_seconds(lambda: dst.copy_(src), repeats)
+    threads = torch.get_num_threads()
     return MachinePeaks(
-        flops_per_s=2 * matmul_size**3 / best_mm, bytes_per_s=2 * src.numel() * 4 / best_copy,
-        threads=torch.get_num_threads(),
-        how=f"fp32 {matmul_size}² matmul and a {copy_mib} MiB copy (read + write), best of {repeats}, "
-            f"{torch.get_num_threads()} threads")
+        flops_per_s=max(mm_flops, conv_flops), bytes_per_s=copy_bytes, threads=threads,
+        how=f"FLOP/s: the faster of an fp32 {matmul_size}² matmul ({mm_flops / 1e9:.1f} GFLOP/s) and a "
+            f"channels-last fp32 3×3 convolution, {conv_channels} channels at {conv_size}² "
+            f"({conv_flops / 1e9:.1f} GFLOP/s); bandwidth: a {copy_mib} MiB copy (read + write); best of {repeats}, "
+            f"{threads} threads")
 
 
 @dataclass

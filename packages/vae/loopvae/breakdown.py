@@ -106,7 +106,9 @@ def render_breakdown(results: list[dict[str, Any]], peaks: MachinePeaks) -> str:
         f"Machine peaks (the roofline): {peaks.flops_per_s / 1e9:.1f} GFLOP/s, {peaks.bytes_per_s / 1e9:.1f} GB/s "
         f"({peaks.how}). Per op: time of the kernel call, MACs (torch's formulas; convolution backward with groups), "
         "bytes it must move at least (each distinct input read once, each output written once; views move none), "
-        "roofline time = max(FLOPs / peak, bytes / bandwidth); achieved = roofline time / measured time. "
+        "roofline time = max(FLOPs / peak, bytes / bandwidth); achieved = roofline time / measured time (above "
+        "100%: the class beat a ceiling, as elementwise ops do when their operands are still in the caches, which "
+        "serve them faster than the DRAM copy that sets the bandwidth ceiling). "
         "`plain` is the step's median wall time without instrumentation; the recorder adds a few µs per op, "
         "shown as time outside ops (Python, autograd, dispatch, the recorder).", "",
     ]
