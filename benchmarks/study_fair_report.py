@@ -606,6 +606,25 @@ def plot_curves(rows: dict[str, dict[str, Any]], out: Path) -> None:
     plt.close(fig)
 
 
+def bundled_references_lines(release_docs: Path) -> list[str]:
+    """Section 5: the references bundled in ``assets/models`` (``make release-references``), trained at this
+    study's picks for the bundled LoopVAE's crops: one run each, so a table without verdicts (the release's own
+    section of ``study_loopvae.md``, under this page's numbering)."""
+    from release_vae_report import references_section
+
+    refs, release = release_docs / "references.json", release_docs / "release.json"
+    if not refs.is_file():
+        return []
+    body = references_section(json.loads(refs.read_text()),
+                              json.loads(release.read_text()) if release.is_file() else None)
+    body = [line.replace("[study_fair.md](study_fair.md), section 2", "section 2")
+            .replace(" (seeds: [study_fair.md](study_fair.md))", " (the seeds are sections 3 and 4)")
+            for line in body[1:]]
+    return ["## 5. The references bundled with the repository (`make release-references`)", *body,
+            "They sit in `assets/models/` next to the bundled LoopVAE, so `loopvae compare` runs from a fresh clone "
+            "(README, *Comparing tokenizers*).", ""]
+
+
 def render(command: str = "make study-fair") -> str:
     rows = results()
     costs = json.loads((sf.DOCS / "probe.json").read_text()) if (sf.DOCS / "probe.json").is_file() else None
@@ -632,6 +651,7 @@ def render(command: str = "make study-fair") -> str:
         main_lines, computed = main_section(rows, costs)
         lines += main_lines
         plot_curves(rows, sf.DOCS / "curves.png")
+    lines += bundled_references_lines(sf.DOCS.parent / "study_loopvae")
     (sf.DOCS / "results.json").write_text(json.dumps({"runs": rows, "computed": computed}, indent=1) + "\n")
     return "\n".join(lines) + "\n"
 
