@@ -284,3 +284,17 @@ def test_no_diverging_seed_is_stated_with_its_margin(study: Path) -> None:
     lines = report.divergence_lines(arms)
     assert lines[0] == "### Diverging seeds: none" and " dB between its seeds against a threshold of " in lines[2]
     # (a diverging seed's diagnosis: test_page_reads_the_pre_registered_family_with_holm)
+
+
+def test_section_5_shows_the_bundled_references_from_their_release_file(tmp_path: Path) -> None:
+    assert report.bundled_references_lines(tmp_path) == []  # no release of the references yet: no section
+    committed = json.loads((Path(__file__).resolve().parents[2] / "docs/study_loopvae/references.json").read_text())
+    (tmp_path / "references.json").write_text(json.dumps(committed))
+    lines = report.bundled_references_lines(tmp_path)
+    text = "\n".join(lines)
+    assert lines[0].startswith("## 5. The references bundled with the repository")
+    for model, r in committed["references"].items():
+        row = next(line for line in lines if line.startswith(f"| `{model}` |"))
+        assert f"{r['eval']['imagenet']['psnr']:.2f} / {r['eval']['imagenet']['ssim']:.4f}" in row
+    assert "study_fair.md" not in text and "the seeds are sections 3 and 4" in text  # links within the page
+    assert "bundled LoopVAE) |" not in text  # without the LoopVAE's release file there is no LoopVAE row
