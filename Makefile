@@ -97,10 +97,12 @@ release-vae: setup
 # The tuned references alone (assets/models/<AutoencoderKL pick>, assets/models/dcae-tiny): each at its own search's
 # recipe (docs/study_fair.md), the bundled LoopVAE's images seen; ~45 min on 2 cores; refuses to bundle a reference
 # that does not beat bicubic on the held-out images (its numbers stay in docs/study_loopvae/references.json and the
-# page, and the target fails) -> docs/study_loopvae/references.json, then re-renders docs/study_loopvae.md.
+# page, and the target fails) -> docs/study_loopvae/references.json, then re-renders docs/study_loopvae.md and
+# docs/study_fair.md (its section 5).
 release-references: setup
 	$(BIN)/python benchmarks/release_references.py; status=$$?; \
-		$(BIN)/python benchmarks/study_loopvae.py --report-only --out docs/study_loopvae.md && exit $$status
+		$(BIN)/python benchmarks/study_loopvae.py --report-only --out docs/study_loopvae.md && \
+		$(BIN)/python benchmarks/study_fair_report.py && exit $$status
 
 # GPU release, step 1 (here): the compact training shard + held-out shard in gpu-data/ (git-ignored via
 # .git/info/exclude) and the wheels the device image lacks in .whl/; carry both to the device.
