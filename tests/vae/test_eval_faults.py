@@ -25,11 +25,27 @@ def _eval_cli(checkpoint: Path, data: str, out: Path, *extra: str) -> subprocess
 
 
 def _one_line_error(proc: subprocess.CompletedProcess, *fragments: str) -> None:
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    errors = [line for line in proc.stderr.splitlines() if ": error: " in line]
-    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    _assert_one_line_error(proc.returncode, proc.stderr, *fragments)
+
+
+def _assert_one_line_error(returncode: int, stderr: str, *fragments: str) -> None:
+    assert returncode == 2, stderr[-2000:]
+    errors = [line for line in stderr.splitlines() if ": error: " in line]
+    assert len(errors) == 1 and "Traceback" not in stderr, stderr[-2000:]
     for fragment in fragments:
         assert fragment in errors[0], errors[0]
+
+
+def _cli_in_process(capsys, *argv: str) -> tuple[int, str]:
+    """``loopvae ARGV`` in this process (the same ``main`` and error handling as ``python -m loopvae``, without an
+    interpreter start): (exit code, stderr). Errors raised in DataLoader workers or at process level keep their
+    subprocess tests."""
+    capsys.readouterr()
+    try:
+        code = loopvae_main(list(argv))
+    except SystemExit as exit_:  # argparse's own errors
+        code = exit_.code
+    return code, capsys.readouterr().err
 
 
 def test_save_images_never_writes_outside_out(tiny_run, tmp_path: Path) -> None:
@@ -190,29 +206,35 @@ def _set_width(folder: Path, value) -> None:
     ("wrongly-typed config.json", lambda f: _set_width(f, "wide"),
      ["config.json: key 'width' must be an integer, got 'wide'"]),
 ])
-def test_bad_release_files_are_named_in_one_line(tiny_run, tmp_path: Path, case: str, edit, fragments) -> None:
+def test_bad_release_files_are_named_in_one_line(tiny_run, tmp_path: Path, case: str, edit, fragments,
+                                                capsys) -> None:
     folder = _release_with(tmp_path, tiny_run, edit)
-    _one_line_error(_eval_cli(folder, data_urls("val"), tmp_path / "out", "--num-workers", "0"), *fragments)
+    _assert_one_line_error(*_cli_in_process(capsys, "eval", "--checkpoint", str(folder), "--data", data_urls("val"),
+                                            "--out", str(tmp_path / "out"), "--resolution", "32", "--lpips-net",
+                                            "none", "--num-workers", "0"), *fragments)
 
 
-def test_clear_one_line_errors_for_bad_data_and_arguments(tmp_path: Path) -> None:
+def test_clear_one_line_errors_for_bad_data_and_arguments(tmp_path: Path, capsys) -> None:
     truncated = tmp_path / "cut" / "cut-000000.tar"
     truncated.parent.mkdir()
     truncated.write_bytes(Path(data_urls("val")).read_bytes()[:70_000])  # no _info.json next to it
-    base = [sys.executable, "-m", "loopvae", "train", "--config", "tiny-stage1", "--out"]
+    train = ["train", "--config", "tiny-stage1", "--out"]
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    run = lambda *a: subprocess.run([*a], capture_output=True, text=True, env=env, timeout=300)  # noqa: E731
-    _one_line_error(run(*base, str(tmp_path / "t1"), "--data", str(truncated)), "cut-000000.tar")
-    _one_line_error(run(*base, str(tmp_path / "t2"), "--data", data_urls(), "--set", "betas=[0.9]"),
-                    "config key 'betas' needs 2 values, got 1")
-    _one_line_error(run(*base, str(tmp_path / "t3"), "--data", data_urls(), "--set", "model=nope"),
-                    "unknown model 'nope'")
+    # data errors surface in the loader (DataLoader workers in the default config): the real process, end to end
+    run = lambda *a: subprocess.run([sys.executable, "-m", "loopvae", *a], capture_output=True, text=True,  # noqa: E731
+                                    env=env, timeout=300)
+    _one_line_error(run(*train, str(tmp_path / "t1"), "--data", str(truncated)), "cut-000000.tar")
     corrupt = write_shard(tmp_path / "bad" / "bad-000000.tar",
                           [(f"b{i}", {"jpg": b"\xff\xd8 nope"}) for i in range(8)])
-    _one_line_error(run(*base, str(tmp_path / "t4"), "--data", corrupt, "--set", "resolution=32", "batch_size=4"),
+    _one_line_error(run(*train, str(tmp_path / "t4"), "--data", corrupt, "--set", "resolution=32", "batch_size=4"),
                     "failed to decode")
-    limit = subprocess.run([sys.executable, "-m", "loopvae", "eval", "--checkpoint", "x", "--data", "y", "--out",
-                            str(tmp_path / "e"), "--limit", "-3"], capture_output=True, text=True, env=env)
-    assert limit.returncode == 2 and "expected a positive integer, got -3" in limit.stderr
+    # configuration and argument errors are raised before any worker exists: the same main, in this process
+    _assert_one_line_error(*_cli_in_process(capsys, *train, str(tmp_path / "t2"), "--data", data_urls(), "--set",
+                                            "betas=[0.9]"), "config key 'betas' needs 2 values, got 1")
+    _assert_one_line_error(*_cli_in_process(capsys, *train, str(tmp_path / "t3"), "--data", data_urls(), "--set",
+                                            "model=nope"), "unknown model 'nope'")
+    code, err = _cli_in_process(capsys, "eval", "--checkpoint", "x", "--data", "y", "--out", str(tmp_path / "e"),
+                                "--limit", "-3")
+    assert code == 2 and "expected a positive integer, got -3" in err
     for folder in ("t1", "t2", "t3"):  # failed before training started: nothing left behind
         assert not (tmp_path / folder).exists()
