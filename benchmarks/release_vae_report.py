@@ -99,15 +99,19 @@ def release_section(r: dict[str, Any], folder: Path) -> list[str]:
     return lines
 
 
-def references_section(refs: dict[str, Any], release: dict[str, Any] | None) -> list[str]:
+def references_section(refs: dict[str, Any], release: dict[str, Any] | None,
+                       heading: str = "## The tuned references bundled next to it (`make release-references`)",
+                       searches: str = "[study_fair.md](study_fair.md), section 2",
+                       seeds: str = "seeds: [study_fair.md](study_fair.md)") -> list[str]:
     """The tuned references trained to the bundled model's crops seen (``references.json``, written by
     ``benchmarks/release_references.py``): one run each, so the numbers are descriptive; the seed-level comparison
-    is ``study_fair.md``."""
-    lines = ["## The tuned references bundled next to it (`make release-references`)", "",
+    is ``study_fair.md``. ``searches`` and ``seeds`` say where the recipe searches and the seed-level comparison
+    are, as seen from the page the section goes into."""
+    lines = [heading, "",
              f"Produced by `{refs['command']}` on {refs['date']}: each reference at the recipe its own search picked "
-             "([study_fair.md](study_fair.md), section 2), for the crops the bundled LoopVAE saw, on the same "
+             f"({searches}), for the crops the bundled LoopVAE saw, on the same "
              "training and validation images; bundled only if it beats bicubic on the held-out images. One training "
-             "run per model: these numbers describe runs and carry no verdict (seeds: [study_fair.md](study_fair.md)).",
+             f"run per model: these numbers describe runs and carry no verdict ({seeds}).",
              "", "| model | class | params | GMACs @256² | crops seen | training CPU-hours | recipe | kodim21–24 "
              "PSNR / SSIM | held-out ImageNet PSNR / SSIM | bicubic (held-out) | bundled |",
              "|---|---|---:|---:|---:|---:|---|---|---|---:|---|"]

@@ -616,13 +616,11 @@ def bundled_references_lines(release_docs: Path) -> list[str]:
     if not refs.is_file():
         return []
     body = references_section(json.loads(refs.read_text()),
-                              json.loads(release.read_text()) if release.is_file() else None)
-    body = [line.replace("[study_fair.md](study_fair.md), section 2", "section 2")
-            .replace(" (seeds: [study_fair.md](study_fair.md))", " (the seeds are sections 3 and 4)")
-            for line in body[1:]]
-    return ["## 5. The references bundled with the repository (`make release-references`)", *body,
-            "They sit in `assets/models/` next to the bundled LoopVAE, so `loopvae compare` runs from a fresh clone "
-            "(README, *Comparing tokenizers*).", ""]
+                              json.loads(release.read_text()) if release.is_file() else None,
+                              heading="## 5. The references bundled with the repository (`make release-references`)",
+                              searches="section 2", seeds="the seeds are sections 3 and 4")
+    return [*body, "They sit in `assets/models/` next to the bundled LoopVAE, so `loopvae compare` runs from a fresh "
+            "clone (README, *Comparing tokenizers*).", ""]
 
 
 def render(command: str = "make study-fair") -> str:

@@ -216,8 +216,9 @@ def measure_machine_peaks(matmul_size: int = 1024, copy_mib: int = 256, repeats:
 
     * FLOP/s: the faster of an fp32 ``n × n`` matmul (``2 n^3`` FLOPs) and a channels-last fp32 3×3
       convolution, ``conv_channels`` -> ``conv_channels`` at ``conv_size``² (``2 · C² · 9 · H · W`` FLOPs). On
-      x86 CPUs torch's convolution kernels (oneDNN) can outrun its matmul (measured here: 228 vs 159 GFLOP/s),
-      and a ceiling below what a model's own convolutions reach would report them above 100% of the roofline;
+      x86 CPUs torch's convolution kernels (oneDNN) can outrun its matmul (on the 2-core development machine:
+      219 vs 161 GFLOP/s, docs/benchmarks.md), and a ceiling below what a model's own convolutions reach would
+      report them above 100% of the roofline;
     * bytes/s: read + write of a ``copy_mib`` MiB buffer, well beyond a CPU's last-level cache.
     """
     a, b = torch.randn(matmul_size, matmul_size), torch.randn(matmul_size, matmul_size)
