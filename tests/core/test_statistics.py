@@ -62,3 +62,42 @@ def test_diverging_seeds_are_flagged() -> None:
     assert seeds_disagree([21.7, 24.0], others_spread=0.07)
     assert not seeds_disagree([23.39, 23.41], others_spread=0.07)
     assert not seeds_disagree([23.4], others_spread=0.07)
+
+
+def test_zero_spread_is_degenerate_not_significant() -> None:
+    # one checkpoint listed twice per arm: every pair differs by exactly 0.035 dB
+    same = paired_difference([24.035, 24.035], [24.0, 24.0])
+    assert same.verdict == "inconclusive" and same.p is None and same.low is None
+    assert welch_difference([1.0, 1.0], [0.5, 0.5]).verdict == "inconclusive"
+
+
+def test_margin_family_reads_holm_in_interval_form() -> None:
+    from looprun.statistics import Primary, margin_family
+
+    # a small, tight cost: inside the margin and below zero at once
+    tight = paired_difference([24.0, 24.1, 23.9, 24.05, 23.95], [24.1, 24.2, 24.0, 24.14, 24.06])
+    # wide: nothing can be claimed
+    wide = paired_difference([24.0, 25.0, 23.0], [24.2, 24.1, 24.0])
+    # a large, clear deficit without a margin
+    clear = paired_difference([22.0, 22.1, 21.9], [23.0, 23.05, 22.95])
+    fam = margin_family([Primary("Q1", tight, 0.2), Primary("Q2", wide, 0.2), Primary("P", clear)])
+    assert [p.verdict for p in fam] == ["worse, within margin", "inconclusive", "worse"]
+    # the first primary in Holm order is read at 1 - 0.05 / 3, its interval wider than the 95% one
+    first = min(fam, key=lambda p: p.p)
+    assert first.confidence_holm == pytest.approx(1 - 0.05 / 3)
+    assert first.ci_holm[0] < first.diff.low and first.ci_holm[1] > first.diff.high
+    # the within-margin p is scipy's one-sided test of mean > -0.2, on the two-sided scale
+    ref = stats.ttest_1samp([a - b for a, b in zip([24.0, 24.1, 23.9, 24.05, 23.95],
+                                                    [24.1, 24.2, 24.0, 24.14, 24.06], strict=True)], -0.2,
+                            alternative="greater")
+    assert fam[0].p <= 2 * ref.pvalue + 1e-12
+    assert fam[0].as_dict()["margin"] == 0.2 and fam[0].as_dict()["ci"] == [tight.low, tight.high]
+
+
+def test_margin_family_steps_down() -> None:
+    from looprun.statistics import Primary, margin_family
+
+    weak = paired_difference([0.3, 0.12, 0.33, 0.1], [0.0] * 4)  # p between 0.0125 and 0.05
+    assert 0.0125 < weak.p < 0.05
+    fam = margin_family([Primary("a", weak), Primary("b", paired_difference([0.0, 0.1, -0.1], [0.0] * 3))])
+    assert [p.verdict for p in fam] == ["inconclusive", "inconclusive"]
