@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 # once); PYTEST_WORKERS=0 runs everything in one process.
 PYTEST_WORKERS ?= 2
 
-.PHONY: setup test lint demo bench bench-gpu study study-report study-quick study-vae study-vae-report study-schedule study-schedule-report study-fair study-fair-report recipe-search-vae \
+.PHONY: setup test lint demo bench bench-gpu study study-report study-quick study-vae study-vae-report study-schedule study-schedule-report study-fair study-fair-report study-sharing study-sharing-report recipe-search-vae \
 	release-vae release-references release-vae-gpu-prepare release-vae-gpu clean
 
 setup: $(STAMP)
@@ -81,6 +81,21 @@ study-fair: setup
 # Re-render docs/study_fair.md (+ docs/study_fair/results.json, curves.png) from the committed result files.
 study-fair-report: setup
 	$(BIN)/python benchmarks/study_fair_report.py
+
+# What sharing itself costs (docs/study_sharing.md): loopvae-cnn-tiny with shortcuts at sharing=global / scale / none
+# (same graph and MACs), a learning-rate check per arm, then 5 seeds x 1,500 steps (all three) and 3 seeds x 4,500
+# steps (global, none, and dcae-tiny at its fair-study pick); pre-registered Q1, Q2, P2-long with Holm. Each finished
+# run writes docs/study_sharing/runs/<run>.json (commit them as they come); a rerun trains only what is missing.
+# About 6 h of two-job CPU time: several sittings (a later sitting runs from a worktree of plan.json's commit).
+study-sharing: setup
+	$(BIN)/python benchmarks/study_sharing.py --phase lrcheck
+	$(BIN)/python benchmarks/study_fair.py --phase search
+	$(BIN)/python benchmarks/study_sharing.py --phase main
+	$(BIN)/python benchmarks/study_sharing_report.py
+
+# Re-render docs/study_sharing.md (+ results.json, curves.png) from the committed result files alone.
+study-sharing-report: setup
+	$(BIN)/python benchmarks/study_sharing_report.py
 
 # The bundled model's recipe search: 8 one-change arms x ~6.5 CPU-minutes, two at a time (~30 min)
 # -> docs/study_loopvae/recipe_search.md (+ .png, .json).
