@@ -86,7 +86,8 @@ class Comparison:
         """``words``: what ``a - b > 0`` and ``< 0`` mean for this quantity (``("higher", "lower")`` for a loss)."""
         p = self.paired
         if p.low is None:
-            return f"{p.mean:+.2f}{unit} (one seed pair, no interval: inconclusive)"
+            why = "one seed pair" if p.n < 2 else "zero spread between seeds, degenerate"
+            return f"{p.mean:+.2f}{unit} ({why}, no interval: inconclusive)"
         verdict = {"better": words[0], "worse": words[1]}.get(p.verdict, p.verdict)
         return (f"{p.mean:+.2f}{unit} [{p.low:+.2f}, {p.high:+.2f}] (paired by seed, 95% t, n = {p.n}; "
                 f"{p.wins}/{p.n} higher: {verdict})")

@@ -50,7 +50,9 @@ def test_every_family_searches_nine_arms_at_the_same_cpu_budget(study: Path) -> 
     assert sf.base_steps("dcae", costs) == round(500 * 50 / 14)
     planned = sf.plan_search(costs, ["dcae", "loopvae-sc"])
     names = [p.arm.name for p in planned]
-    assert "search-dcae-b4-c96-s0" in names and len([n for n in names if "dcae" in n]) == 9
+    # nine pre-registered arms plus the review's lr-5e-4 arm (docs/study_fair/corrections.md)
+    assert "search-dcae-b4-c96-s0" in names and len([n for n in names if "dcae" in n]) == 10
+    assert "search-dcae-lr5e-4+mse-s0" in names
     # loopvae-sc reruns only the arms its earlier search did not have
     assert sorted(n for n in names if "loopvae-sc" in n) == ["search-loopvae-sc-lr4e-3+mse-s0",
                                                              "search-loopvae-sc-lr4e-3-s0"]
@@ -219,13 +221,14 @@ def test_conclusion_extra_seeds_and_the_check_without_a_diverging_seed(study: Pa
     assert (primary[("loopvae-sc@img", "dcae@img")]["n_a"], primary[("loopvae@cpu", "klvae@cpu")]["n_a"]) == (5, 3)
     # the conclusion: computed from the verdicts, with the cost ratios
     assert computed["conclusion"]["complete"]
-    assert "**Recurrence without shortcuts** (`loopvae` − `klvae`, primary, Holm)" in page
+    assert "**LoopVAE against AutoencoderKL (neither with shortcuts)** (`loopvae` − `klvae`, primary, Holm)" in page
+    assert "These contrasts compare model families" in page
     assert "stores 1.00× the weights" in page  # the synthetic records share params / GMACs
     summary = computed["conclusion"]["summary"]
     # P1: inconclusive at 3 seeds (the diverging reference seed), better at 5; P3: better; P2 / P4: +-0.1 dB
-    assert "recurrence buys quality at both budgets" in summary
+    assert "LoopVAE against the AutoencoderKL reference buys quality at both budgets" in summary
     assert "is not resolved by these seeds at either budget" in summary
-    assert "adding shortcuts buys quality at equal images" in summary
+    assert "adding shortcuts to LoopVAE buys quality at equal images" in summary
     # the diverging klvae seed: the comparisons recomputed without it
     assert "Without seed 1 (the reported verdicts keep it): P1 (primary) without seed 1:" in page
     # the synthetic curves gain 0.5 dB in their last interval: not flat

@@ -58,7 +58,8 @@ class Difference:
     def describe(self, unit: str = "dB", digits: int = 2, verdict: bool = True) -> str:
         """e.g. ``+0.42 dB [+0.10, +0.74] (95% t, n = 40; 31/40 higher): better``; ``verdict=False`` leaves the
         verdict word out (descriptive intervals, e.g. per image within one run)."""
-        interval = ("(no interval with one value per side)" if self.low is None else
+        interval = (("(no interval with one value per side)" if self.n < 2 else
+                     "(no interval: zero spread between seeds, degenerate)") if self.low is None else
                     f"[{self.low:+.{digits}f}, {self.high:+.{digits}f}] ({100 * self.confidence:.0f}% "
                     f"{'Welch ' if self.test.startswith('Welch') else ''}t, n = {self.n})")
         wins = "" if self.wins is None else f"; {self.wins}/{self.n} higher"
