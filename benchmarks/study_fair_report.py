@@ -621,8 +621,9 @@ def extra_seed_lines(rule: dict[str, Any]) -> list[str]:
         names = rule["extra_runs"][pid]
         todo = [n for n in names if n in rule["missing"]]
         state = ("done: the verdict above uses seeds 0–4" if not todo else
-                 f"{len(todo)} of {len(names)} runs to go, from a worktree of `{EXTRA_SEEDS_BRANCH}` (README, *A fair "
-                 f"fight*, says where): `python <worktree>/benchmarks/study_fair.py --phase main "
+                 f"{len(todo)} of {len(names)} runs to go, from a worktree of `{EXTRA_SEEDS_BRANCH}` "
+                 f"([development.md](development.md#studies-across-sittings) says how): "
+                 f"`python <worktree>/benchmarks/study_fair.py --phase main "
                  f"{rule['extra_args'][pid]}`")
         lines.append(f"- {pid} at seeds 0–2: inconclusive ({_holm(c)}): by the "
                      f"pre-registration `{a}` and `{b}` get seeds {' and '.join(map(str, sf.EXTRA_SEEDS))} (once; "
@@ -759,7 +760,7 @@ def bundled_references_lines(release_docs: Path) -> list[str]:
                               heading="## 5. The references bundled with the repository (`make release-references`)",
                               searches="section 2", seeds="the seeds are sections 3 and 4")
     return [*body, "They sit in `assets/models/` next to the bundled LoopVAE, so `loopvae compare` runs from a fresh "
-            "clone (README, *Comparing tokenizers*).", ""]
+            "clone ([evaluation.md](evaluation.md#comparing-tokenizers-loopvae-compare)).", ""]
 
 
 def render(command: str = "make study-fair") -> str:

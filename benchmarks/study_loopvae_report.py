@@ -291,7 +291,7 @@ def render(r: dict[str, Any], command: str, folder: Path | None = None) -> str:
         f"{r['num_holdout']} held-out images — every 20th by sorted key — plus kodim01–20 from `assets/kodak`); "
         "evaluation at 256² (shorter side resized, centre crop) on kodim21–24 and the held-out ImageNet images, "
         "posterior mode, "
-        f"uint8 outputs (README metric protocol). {lpips_note}. rFID is not reported: 4 or 40 images cannot "
+        f"uint8 outputs ([metric protocol](evaluation.md)). {lpips_note}. rFID is not reported: 4 or 40 images cannot "
         "estimate it.", "",
         "## Reconstruction at a matched budget", "",
         "Mean ± seed s.d. where an arm has two seeds. *train img/s*: training images per second of each "

@@ -1,0 +1,83 @@
+"""README's answer section, computed from the studies' committed results -> the ``answer`` block of README.md.
+
+The numbers come from ``docs/study_sharing/results.json`` and ``docs/study_fair/results.json`` (never typed by
+hand), so the README cannot drift from the pages: ``tests/test_readme.py`` re-renders the block and compares.
+The sharing study's rows say how far it has got until its Holm family is complete.
+
+Usage: ``python benchmarks/readme_answer.py`` (the study reports run it after rendering their pages).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sections import update_section  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+FAIR = [("P1", "LoopVAE − AutoencoderKL (no shortcuts), equal images", "loopvae@img", "klvae@img"),
+        ("P2", "LoopVAE − AutoencoderDC (both with shortcuts), equal images", "loopvae-sc@img", "dcae@img"),
+        ("P3", "LoopVAE − AutoencoderKL, equal CPU-seconds", "loopvae@cpu", "klvae@cpu"),
+        ("P4", "LoopVAE − AutoencoderDC, equal CPU-seconds", "loopvae-sc@cpu", "dcae@cpu")]
+SHARING = {"Q1": "tied − untied weights, same model and MACs, 12,000 crops",
+           "Q2": "tied − untied weights, same model and MACs, 36,000 crops",
+           "P2-long": "LoopVAE (tied) − AutoencoderDC, 36,000 crops"}
+
+
+def _ci(ci: list[float | None] | None) -> str:
+    return "–" if not ci or ci[0] is None else f"[{ci[0]:+.2f}, {ci[1]:+.2f}]"
+
+
+def render(root: Path = ROOT) -> str:
+    """The answer block: one row per pre-registered primary of the two studies, then the cost line."""
+    rows = ["| study | primary | seeds | PSNR difference, dB [95% CI] | verdict |", "|---|---|---:|---|---|"]
+    sharing_file = root / "docs/study_sharing/results.json"
+    sharing = json.loads(sharing_file.read_text()) if sharing_file.is_file() else None
+    if sharing and sharing.get("primaries"):
+        for p in sharing["primaries"]:
+            rows.append(f"| [sharing](docs/study_sharing.md) | {p['id']}: {SHARING[p['id']]} | {p['n']} | "
+                        f"{p['diff']:+.2f} {_ci(p['ci'])} | **{p['verdict']}** (Holm; margin "
+                        f"{'0.20 dB' if p['margin'] else 'none'}) |")
+    else:
+        done = len(sharing["runs"]) if sharing else 0
+        for pid, text in SHARING.items():
+            rows.append(f"| [sharing](docs/study_sharing.md) | {pid}: {text} | – | running ({done} of 24 seeded "
+                        f"runs finished) | pre-registered, not read yet |")
+    results = json.loads((root / "docs/study_fair/results.json").read_text())
+    fair, runs = results["computed"], results["runs"]
+    comps = {(c["a"], c["b"]): c for c in fair["primary"]["comparisons"] if c["metric"] == "psnr"}
+
+    def seconds(arm: str) -> float:
+        names = fair["arms"][arm]
+        return sum(runs[n]["train_seconds"] for n in names) / len(names)
+
+    for pid, text, a, b in FAIR:
+        c = comps[(a, b)]
+        if a.endswith("@cpu"):  # the budgets were sized by a probe: say what the reference actually got
+            text += f" (as measured, the reference trained {seconds(b) / seconds(a):.2f}× as long)"
+        rows.append(f"| [fair](docs/study_fair.md) | {pid}: {text} | {c['n']} | {c['diff']:+.2f} {_ci(c['ci'])} "
+                    f"| **{c['verdict']}** (Holm p {c['p_holm']:.3g}) |")
+    costs = fair["conclusion"]["costs"]
+
+    def ratio(a: str, b: str, key: str) -> float:
+        return costs[a][key] / costs[b][key]
+
+    cost = (f"LoopVAE stores {ratio('loopvae@img', 'klvae@img', 'params'):.2f}× / "
+            f"{ratio('loopvae-sc@img', 'dcae@img', 'params'):.2f}× the weights of the AutoencoderKL / "
+            f"AutoencoderDC reference, does {ratio('loopvae@img', 'klvae@img', 'gmacs'):.2f}× / "
+            f"{ratio('loopvae-sc@img', 'dcae@img', 'gmacs'):.2f}× their MACs per 256² image and takes "
+            f"{ratio('loopvae@img', 'klvae@img', 'train_ms_per_image'):.2f}× / "
+            f"{ratio('loopvae-sc@img', 'dcae@img', 'train_ms_per_image'):.2f}× their training CPU time per image.")
+    return "\n".join(rows) + "\n\n" + cost
+
+
+def main() -> int:
+    update_section(ROOT / "README.md", "answer", render())
+    print("README.md: answer block updated")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
