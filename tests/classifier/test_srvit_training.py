@@ -16,7 +16,7 @@ import srvit
 from looprun.checkpoint import CheckpointManager
 from looprun.config import ConfigError
 from srvit.train_config import list_presets, load_train_config
-from srvit.trainer import classification_loss, soft_target_cross_entropy, train
+from srvit.trainer import classification_loss, train
 
 # A tiny SR-ViT on 32x32 crops of the labelled Kodak shards, DeiT augmentation (RandAugment, erasing, Mixup/CutMix).
 KODAK = [
@@ -48,7 +48,9 @@ def test_presets_resolve_and_bad_keys_are_named() -> None:
 def test_soft_target_loss_matches_torch_cross_entropy() -> None:
     logits = torch.randn(5, 4)
     target = torch.softmax(torch.randn(5, 4), dim=-1)
-    torch.testing.assert_close(soft_target_cross_entropy(logits, target), F.cross_entropy(logits, target))
+    # soft (Mixup / CutMix) targets: the mean over the batch of -sum_k target_k log softmax(logits)_k
+    by_definition = torch.sum(-target * F.log_softmax(logits, dim=-1), dim=-1).mean()
+    torch.testing.assert_close(classification_loss(logits, target, 0.1), by_definition)
     labels = torch.tensor([0, 3, 1, 2, 2])
     torch.testing.assert_close(classification_loss(logits, labels, 0.1), F.cross_entropy(logits, labels,
                                                                                           label_smoothing=0.1))

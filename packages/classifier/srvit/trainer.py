@@ -39,19 +39,15 @@ from .train_config import TrainConfig
 log = logging.getLogger("srvit.train")
 
 __all__ = ["NonFiniteLossError", "SupervisedForward", "TrainResult", "Trainer", "classification_loss",
-           "fusion_entropy_logs", "parameter_groups", "soft_target_cross_entropy", "train"]
-
-
-def soft_target_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Mean over the batch of ``-sum_k target_k log softmax(logits)_k``; both ``(B, K)``, targets sum to 1."""
-    return torch.sum(-target * F.log_softmax(logits, dim=-1), dim=-1).mean()
+           "fusion_entropy_logs", "parameter_groups", "train"]
 
 
 def classification_loss(logits: torch.Tensor, target: torch.Tensor, label_smoothing: float) -> torch.Tensor:
-    """Cross-entropy of ``(B, K)`` logits against int64 ``(B,)`` labels (smoothed) or float ``(B, K)`` targets."""
+    """Cross-entropy of ``(B, K)`` logits against int64 ``(B,)`` labels (smoothed) or float ``(B, K)`` class
+    probabilities (Mixup / CutMix targets, already smoothed: ``F.cross_entropy`` takes them as they are)."""
     logits = logits.float()
     if target.is_floating_point():
-        return soft_target_cross_entropy(logits, target)
+        return F.cross_entropy(logits, target.float())
     return F.cross_entropy(logits, target, label_smoothing=label_smoothing)
 
 
