@@ -6,20 +6,21 @@ weights (:mod:`srvit.timm_compat`). Importing it registers the classifiers with 
 (``timm.create_model("srvit_s")``, ``"bvit_ti"``, ``"loopvision_vit_ti_cifar"``, ...; built by timm's
 ``build_model_with_cfg``, so ``features_only``, ``in_chans``, ``pretrained_cfg_overlay`` and
 ``timm.get_pretrained_cfg`` work as for timm's ViTs; :mod:`srvit.timm_registration`).
+
+The names load on first use (PEP 562), so ``srvit --help`` imports no torch or timm; the timm registration still
+happens, at once when timm is already imported, otherwise right after it is.
 """
 
-from .model import FAMILIES, PatchEmbed, RecursionTrace, RecursiveViT
-from .registry import create_model, list_models, model_arguments
-from .timm_compat import (
-    CheckpointLoadError,
-    convert_timm_vit_state_dict,
-    load_checkpoint,
-    load_timm_vit_state_dict,
-    read_checkpoint,
-)
-from .timm_registration import TIMM_NAMES, register_with_timm
+from looprun.import_hooks import after_import, lazy_exports
 
-__all__ = ["FAMILIES", "CheckpointLoadError", "PatchEmbed", "RecursionTrace", "RecursiveViT",
-           "convert_timm_vit_state_dict", "create_model", "list_models", "load_checkpoint",
-           "load_timm_vit_state_dict", "model_arguments", "read_checkpoint", "register_with_timm", "TIMM_NAMES"]
+_EXPORTS = {
+    "FAMILIES": "model", "PatchEmbed": "model", "RecursionTrace": "model", "RecursiveViT": "model",
+    "create_model": "registry", "list_models": "registry", "model_arguments": "registry",
+    "CheckpointLoadError": "timm_compat", "convert_timm_vit_state_dict": "timm_compat",
+    "load_checkpoint": "timm_compat", "load_timm_vit_state_dict": "timm_compat", "read_checkpoint": "timm_compat",
+    "TIMM_NAMES": "timm_registration", "register_with_timm": "timm_registration",
+}
+__all__ = sorted(_EXPORTS)
 __version__ = "0.1.0"
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+after_import("timm", "srvit.timm_registration")  # registers the classifiers under timm's generic create_model

@@ -4,20 +4,29 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
-from looprun.cli_errors import non_negative_int, positive_int
+# Only argparse-level modules here: --help answers before torch or timm is imported.
+from looprun.cli_args import (
+    HelpFormatter,
+    add_device_argument,
+    add_speed_arguments,
+    non_negative_int,
+    positive_int,
+    preset_names,
+)
 from looprun.config import add_override_argument
-from looprun.speed import add_speed_arguments, apply_speed_arguments
+
+PRESETS = preset_names(Path(__file__).resolve().parent / "configs")
+DEFAULT_STEPS_TEXT = "3,6,12,24,48"  # srvit.evaluate.DEFAULT_STEPS (a test keeps the two equal)
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
-    from .train_config import list_presets
-
     p = sub.add_parser(
         "train", help="train a ViT / bViT / SR-ViT classifier; rerunning the same command resumes",
-        description=f"Train a classifier. Presets: {', '.join(list_presets())}.",
+        description=f"Train a classifier. Presets: {', '.join(PRESETS)}.", formatter_class=HelpFormatter,
     )
-    p.add_argument("--config", required=True, help="preset name or YAML file")
+    p.add_argument("--config", required=True, help=f"preset name ({', '.join(PRESETS)}) or YAML file")
     p.add_argument("--data", required=True,
                    help="training shards (brace pattern, glob, directory of *.tar, comma list) or an image "
                         "folder with one sub-folder per class")
@@ -64,25 +73,24 @@ def _steps(text: str) -> tuple[int, ...]:
 
 
 def _add_eval(sub: argparse._SubParsersAction) -> None:
-    from .evaluate import DEFAULT_STEPS
-
-    p = sub.add_parser("eval", help="top-1 / top-5, and top-1 vs the number of recursion steps")
+    p = sub.add_parser("eval", help="top-1 / top-5, and top-1 vs the number of recursion steps",
+                       formatter_class=HelpFormatter)
     p.add_argument("--checkpoint", required=True, help="training run directory or release artifact")
     p.add_argument("--data", required=True, help="labelled WebDataset shards, or an image folder with one sub-folder "
                                                    "per class")
     p.add_argument("--out", required=True, help="output directory (metrics.json, accuracy_vs_steps.png)")
-    p.add_argument("--steps", type=_steps, default=DEFAULT_STEPS,
-                   help="step counts for by_steps (default 3,6,12,24,48; '' to skip)")
+    p.add_argument("--steps", type=_steps, default=_steps(DEFAULT_STEPS_TEXT),
+                   help=f"step counts for by_steps (default {DEFAULT_STEPS_TEXT}; '' to skip)")
     p.add_argument("--weights", choices=("ema", "model"), default="ema", help="for run directories")
-    p.add_argument("--batch-size", type=positive_int, default=128)
-    p.add_argument("--num-workers", type=non_negative_int, default=2)
+    p.add_argument("--batch-size", type=positive_int, default=128, help="images per forward pass (per rank)")
+    p.add_argument("--num-workers", type=non_negative_int, default=2, help="DataLoader worker processes")
     p.add_argument("--resolution", type=positive_int, default=None, help="default: the model's img_size")
     p.add_argument("--protocol", choices=("imagenet", "cifar"), default=None,
                    help="eval transform (default: the training run's protocol, else imagenet)")
     p.add_argument("--limit", type=positive_int, default=None, help="evaluate at most N images per rank")
     p.add_argument("--skip-corrupt", action="store_true",
                    help="skip undecodable or oversized images (counted in metrics.json) instead of stopping")
-    p.add_argument("--device", default="auto")
+    add_device_argument(p)
     p.add_argument("--solver", choices=("euler", "heun", "rk4", "blackbox"), default=None,
                    help="evaluate with this ODE solver instead of the trained one (e.g. a Euler-trained bViT with "
                         "heun)")
@@ -121,8 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(argv)  # --help and argument errors end here, before torch is imported
     from looprun.cli_errors import run_command
+    from looprun.speed import apply_speed_arguments
 
     def command() -> int:
         apply_speed_arguments(args)

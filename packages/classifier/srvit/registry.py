@@ -18,6 +18,8 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from looprun.import_hooks import after_import
+
 from .model import RecursiveViT
 from .timm_compat import load_checkpoint
 from .timm_surface import timm_model_name
@@ -124,3 +126,8 @@ def _register(name: str) -> None:
 for _family in FAMILY_DEFAULTS:
     for _size in SIZES:
         _register(f"{_family}-{_size}")
+
+
+# srvit registers its classifiers with timm once both are loaded (see srvit/__init__.py); when timm was imported
+# while this package was still loading, this is where that happens
+after_import("timm", "srvit.timm_registration")

@@ -7,7 +7,6 @@ Anything else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Callable
@@ -16,6 +15,7 @@ import loopdata
 from loopdata import one_line
 
 from .checkpoint import CheckpointSaveError, CorruptCheckpointError, OutputWriteError
+from .cli_args import non_negative_int, positive_int  # noqa: F401 (re-exported: the older import path)
 from .config import ConfigError
 from .distributed import RemoteRankError
 from .run_lock import RunLockedError
@@ -35,23 +35,3 @@ def run_command(prog: str, command: str, fn: Callable[[], int]) -> int:
     except EXPECTED_ERRORS as err:
         print(f"{prog} {command}: error: {one_line(err)}", file=sys.stderr)
         return 2
-
-
-def _bounded_int(text: str, minimum: int, what: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-    if value < minimum:
-        raise argparse.ArgumentTypeError(f"expected {what}, got {value}")
-    return value
-
-
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1 (``--limit -3`` is an error that names the value)."""
-    return _bounded_int(text, 1, "a positive integer")
-
-
-def non_negative_int(text: str) -> int:
-    """argparse type: an integer >= 0."""
-    return _bounded_int(text, 0, "an integer >= 0")

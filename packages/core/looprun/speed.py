@@ -27,14 +27,20 @@ import os
 import torch
 from torch import nn
 
+from .cli_args import (
+    ALLOCATOR_ENV,
+    CPU_ALLOCATORS,
+    MEMORY_FORMAT_NAMES,
+    add_speed_arguments,  # noqa: F401 (re-exported: the older import path)
+)
+
 log = logging.getLogger("looprun.speed")
 
 MEMORY_FORMATS: dict[str, torch.memory_format] = {
     "contiguous": torch.contiguous_format,
     "channels_last": torch.channels_last,
 }
-CPU_ALLOCATORS = ("retain", "system")
-ALLOCATOR_ENV = "LOOPVISION_CPU_ALLOCATOR"  # the command lines' default for --cpu-allocator
+assert tuple(MEMORY_FORMATS) == MEMORY_FORMAT_NAMES  # one list of names for the command lines and the code
 
 # glibc mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_MAX = -1, -2, -4
@@ -116,23 +122,6 @@ def default_cpu_allocator() -> str:
     if choice not in CPU_ALLOCATORS:
         raise ValueError(f"${ALLOCATOR_ENV}={choice!r} is not one of {', '.join(CPU_ALLOCATORS)}")
     return choice
-
-
-def add_speed_arguments(
-    parser: argparse.ArgumentParser, memory_format: bool = True, compile: bool = True, allocator: bool = True
-) -> None:
-    """Add ``--memory-format``, ``--compile`` and ``--cpu-allocator`` (those asked for) to a sub-command."""
-    if memory_format:
-        parser.add_argument("--memory-format", choices=tuple(MEMORY_FORMATS), default="channels_last",
-                            help="torch memory format of the model's 4-D tensors (default channels_last: the "
-                                 "faster NHWC convolution kernels; outputs equal up to float rounding)")
-    if compile:
-        parser.add_argument("--compile", action="store_true",
-                            help="torch.compile the model (first call compiles; CPUs need a C++ compiler)")
-    if allocator:
-        parser.add_argument("--cpu-allocator", choices=CPU_ALLOCATORS, default=None,
-                            help="retain: glibc keeps freed memory for reuse (faster on CPU, resident size stays at "
-                                 f"its peak); system: malloc's defaults (default: ${ALLOCATOR_ENV} or retain)")
 
 
 def apply_speed_arguments(args: argparse.Namespace) -> None:

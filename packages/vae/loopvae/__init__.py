@@ -2,23 +2,29 @@
 
 ``create_model(name, **overrides)`` builds any of ``list_models()``: ``loopvae-cnn-f8d16`` (paper
 main), ``loopvae-vit-f8d16``, ``loopvae-multi``, ``loopvae-cnn-tiny`` (CPU demo), ``sd-vae`` and
-``flux-vae`` (diffusers ``AutoencoderKL`` with the exact published configs) and ``flux-vae-tiny`` (the
-FLUX layout at CPU size, the matched reference of the LoopVAE study).
+``flux-vae`` (diffusers ``AutoencoderKL`` with the exact published configs), the CPU-scale references
+(``klvae-tiny-*``, ``dcae-tiny``, ``flux-vae-tiny``).
 
 Importing ``loopvae`` makes ``LoopVAE`` loadable by diffusers' generic loaders: ``diffusers.AutoModel.from_pretrained``
-on a LoopVAE folder (the import registers the class where ``AutoModel`` looks a ``config.json``'s ``_class_name``
-up) and ``DiffusionPipeline.from_pretrained`` on a pipeline whose ``model_index.json`` names ``loopvae.model``
+on a LoopVAE folder (``LoopVAE`` is registered where ``AutoModel`` looks a ``config.json``'s ``_class_name`` up)
+and ``DiffusionPipeline.from_pretrained`` on a pipeline whose ``model_index.json`` names ``loopvae.model``
 (diffusers resolves that module only if it is already imported). Import it first.
+
+The package's names load on first use (PEP 562), so ``import loopvae`` and ``loopvae --help`` import no torch or
+diffusers; the registration still happens, at once when diffusers is already imported, otherwise right after it
+is (:func:`looprun.import_hooks.after_import`).
 """
 
-from .branches import DecoderPasses, LoopDecoder, LoopEncoder
-from .encode_latents import EncodeOptions, encode_dataset
-from .intervene import run_interventions
-from .model import LoopVAE
-from .registry import create_model, list_models, register_model
-from .tiling import tile_starts, tiled_apply
+from looprun.import_hooks import after_import, lazy_exports
 
-__all__ = [
-    "DecoderPasses", "EncodeOptions", "LoopDecoder", "LoopEncoder", "LoopVAE", "create_model", "encode_dataset",
-    "list_models", "register_model", "run_interventions", "tile_starts", "tiled_apply",
-]
+_EXPORTS = {
+    "DecoderPasses": "branches", "LoopDecoder": "branches", "LoopEncoder": "branches",
+    "EncodeOptions": "encode_latents", "encode_dataset": "encode_latents",
+    "run_interventions": "intervene",
+    "LoopVAE": "model",
+    "create_model": "registry", "list_models": "registry", "register_model": "registry",
+    "tile_starts": "tiling", "tiled_apply": "tiling",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+after_import("diffusers", "loopvae.model")  # registers LoopVAE with diffusers' generic loaders

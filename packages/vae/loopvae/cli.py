@@ -4,13 +4,33 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
-from looprun.cli_errors import non_negative_int, positive_int
+# Only argparse-level modules here: the argument tree builds (and --help answers) before torch, diffusers or the
+# data pipelines are imported; each sub-command imports what it runs.
+from looprun.cli_args import (
+    MEMORY_FORMAT_NAMES,
+    HelpFormatter,
+    add_device_argument,
+    add_speed_arguments,
+    non_negative_int,
+    positive_int,
+    preset_names,
+)
 from looprun.config import add_override_argument
-from looprun.speed import MEMORY_FORMATS, add_speed_arguments, apply_speed_arguments
+
+PRESETS = preset_names(Path(__file__).resolve().parent / "configs")
+RESOLUTION_HELP = "images: shorter side resized to this, then centre-cropped to a square of this side"
 
 DATA_HELP = ("WebDataset shards (brace pattern, glob, directory of *.tar, comma-separated list; quote a path that "
              "holds spaces or commas) or a folder of image files (read recursively, sorted)")
+
+
+def _device(choice: str) -> str:
+    """``--device`` for the single-process commands: ``auto`` is CUDA when available, else the CPU."""
+    from looprun.distributed import resolve_device
+
+    return str(resolve_device(choice))
 
 
 def _add_preprocess(p: argparse.ArgumentParser) -> None:
@@ -31,16 +51,17 @@ def _add_weights_and_dtype(p: argparse.ArgumentParser) -> None:
 def _add_train(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "train", help="train a LoopVAE (stage 1 or 2); rerunning the same command resumes",
-        description="Train a LoopVAE. Presets: paper-stage1, paper-stage2, tiny-stage1, tiny-stage2.",
+        description=f"Train a LoopVAE. Presets: {', '.join(PRESETS)} (keys: docs/training.md).",
+        formatter_class=HelpFormatter,
     )
-    p.add_argument("--config", required=True, help="preset name or YAML file")
+    p.add_argument("--config", required=True, help=f"preset name ({', '.join(PRESETS)}) or YAML file")
     p.add_argument("--data", required=True, help=DATA_HELP)
     p.add_argument("--out", required=True, help="run directory (checkpoints, tb/, release/, train.log)")
     p.add_argument("--val-data", default=None,
                    help="held-out shards or image folder: PSNR of the EMA weights every eval_every steps and at the "
                         "end, in validation.json and TensorBoard val/psnr")
     p.add_argument("--compile", action="store_true", help="torch.compile the tokenizer (same as --set compile=true)")
-    p.add_argument("--memory-format", choices=tuple(MEMORY_FORMATS), default=None,
+    p.add_argument("--memory-format", choices=MEMORY_FORMAT_NAMES, default=None,
                    help="torch memory format of the activations (same as --set memory_format=...; default: the "
                         "config's, channels_last)")
     add_speed_arguments(p, memory_format=False, compile=False)
@@ -71,15 +92,16 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _add_eval(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("eval", help="rFID / PSNR / SSIM / LPIPS of a tokenizer on WebDataset shards or an image folder")
+    p = sub.add_parser("eval", formatter_class=HelpFormatter,
+                       help="rFID / PSNR / SSIM / LPIPS of a tokenizer on WebDataset shards or an image folder")
     p.add_argument("--checkpoint", required=True,
                    help="release artifact, training run directory or diffusers VAE folder")
     p.add_argument("--data", required=True, help=DATA_HELP)
     p.add_argument("--out", required=True, help="output directory (metrics.json, report.md, eval.log, ...)")
-    p.add_argument("--resolution", type=positive_int, default=256)
+    p.add_argument("--resolution", type=positive_int, default=256, help=RESOLUTION_HELP)
     p.add_argument("--limit", type=positive_int, default=None, help="evaluate at most N images (in total over ranks)")
-    p.add_argument("--batch-size", type=positive_int, default=8)
-    p.add_argument("--num-workers", type=non_negative_int, default=2)
+    p.add_argument("--batch-size", type=positive_int, default=8, help="images per forward pass (per rank)")
+    p.add_argument("--num-workers", type=non_negative_int, default=2, help="DataLoader worker processes")
     p.add_argument("--skip-corrupt", action="store_true",
                    help="skip undecodable or oversized images (counted in metrics.json as skipped_corrupt) "
                         "instead of stopping at the first one")
@@ -97,7 +119,7 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--lpips-random-backbone", action="store_true",
                    help="plumbing only: random LPIPS backbone (the number is then not LPIPS)")
     p.add_argument("--save-images", action="store_true", help="write the uint8 reconstructions and references as PNG")
-    p.add_argument("--device", default="auto")
+    add_device_argument(p)
     _add_weights_and_dtype(p)
     add_speed_arguments(p)
 
@@ -127,13 +149,14 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _add_intervene(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("intervene", help="prefix truncation, single-pass bypass and relative updates per stage")
+    p = sub.add_parser("intervene", formatter_class=HelpFormatter,
+                       help="prefix truncation, single-pass bypass and relative updates per stage")
     p.add_argument("--checkpoint", required=True, help="release artifact or training run directory of a LoopVAE")
     p.add_argument("--data", required=True, help=DATA_HELP)
     p.add_argument("--out", required=True, help="output directory (interventions.json/.md, plots, intervene.log)")
     p.add_argument("--limit", type=positive_int, default=16, help="number of images (the paper uses 16)")
-    p.add_argument("--resolution", type=positive_int, default=256)
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--resolution", type=positive_int, default=256, help=RESOLUTION_HELP)
+    add_device_argument(p)
     _add_weights_and_dtype(p)
     add_speed_arguments(p, compile=False)
 
@@ -141,7 +164,7 @@ def _add_intervene(sub: argparse._SubParsersAction) -> None:
 def _intervene(args: argparse.Namespace) -> int:
     from .intervene import intervene
 
-    result = intervene(args.checkpoint, args.data, args.out, args.limit, args.resolution, args.device,
+    result = intervene(args.checkpoint, args.data, args.out, args.limit, args.resolution, _device(args.device),
                        weights=args.weights, dtype=args.dtype, progress=not args.no_progress,
                        memory_format=args.memory_format)
     print(f"{result['num_images']} images, {len(result['stages'])} stages -> {args.out}/interventions.md")
@@ -150,7 +173,8 @@ def _intervene(args: argparse.Namespace) -> int:
 
 def _add_latent_stats(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "latent-stats", help="estimate shift_factor / scaling_factor of the latents and write them into config.json",
+        "latent-stats", formatter_class=HelpFormatter,
+        help="estimate shift_factor / scaling_factor of the latents and write them into config.json",
         description="Estimate the latent normalisation diffusion models train with, (z - shift_factor) * "
                     "scaling_factor with unit variance (SD3 / FLUX convention), over images of --data, and write "
                     "it into the artifact's config.json (plus latent_stats.json beside it).",
@@ -158,15 +182,15 @@ def _add_latent_stats(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--checkpoint", required=True,
                    help="release artifact, diffusers VAE folder, or training run directory (its release/)")
     p.add_argument("--data", required=True, help=DATA_HELP)
-    p.add_argument("--resolution", type=positive_int, default=256)
+    p.add_argument("--resolution", type=positive_int, default=256, help=RESOLUTION_HELP)
     p.add_argument("--limit", type=positive_int, default=None, help="use at most N images (default: all)")
-    p.add_argument("--batch-size", type=positive_int, default=8)
-    p.add_argument("--num-workers", type=non_negative_int, default=2)
+    p.add_argument("--batch-size", type=positive_int, default=8, help="images per forward pass (per rank)")
+    p.add_argument("--num-workers", type=non_negative_int, default=2, help="DataLoader worker processes")
     p.add_argument("--posterior", choices=("sample", "mode"), default="sample",
                    help="posterior samples (default; what diffusion training encodes) or posterior means")
     p.add_argument("--seed", type=int, default=0, help="seed of the posterior samples")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    add_device_argument(p)
+    p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="the tokenizer's compute dtype")
     _add_preprocess(p)
     p.add_argument("--dry-run", action="store_true", help="print the estimate without writing config.json")
     p.add_argument("--per-channel", action="store_true",
@@ -180,7 +204,7 @@ def _latent_stats(args: argparse.Namespace) -> int:
 
     stats, written = latent_stats(
         args.checkpoint, args.data, args.resolution, args.limit, args.batch_size, args.num_workers, args.posterior,
-        args.seed, args.device, args.dtype, write=not args.dry_run, progress=not args.no_progress,
+        args.seed, _device(args.device), args.dtype, write=not args.dry_run, progress=not args.no_progress,
         per_channel=args.per_channel, preprocess=args.preprocess,
     )
     where = f" -> {written}" if written else " (dry run: nothing written)"
@@ -190,19 +214,20 @@ def _latent_stats(args: argparse.Namespace) -> int:
 
 
 def _add_profile(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("profile", help="params, MACs, latency and peak memory of registered models")
+    p = sub.add_parser("profile", formatter_class=HelpFormatter,
+                       help="params, MACs, latency and peak memory of registered models")
     p.add_argument("--models", default="", help="comma-separated registry names (optional with --quality)")
     p.add_argument("--quality", default=None,
                    help="a study's results.json (make study-schedule: docs/study_schedule/results.json): profile "
                         "its trained variants too and put their measured PSNR/SSIM next to params, MACs and time")
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--batch", type=positive_int, default=1)
-    p.add_argument("--resolution", type=positive_int, default=256)
-    p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
-    p.add_argument("--warmup", type=non_negative_int, default=2)
-    p.add_argument("--iters", type=positive_int, default=5)
+    add_device_argument(p)
+    p.add_argument("--batch", type=positive_int, default=1, help="images per timed forward pass")
+    p.add_argument("--resolution", type=positive_int, default=256, help=RESOLUTION_HELP)
+    p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="compute dtype of the profiled models")
+    p.add_argument("--warmup", type=non_negative_int, default=2, help="untimed passes first")
+    p.add_argument("--iters", type=positive_int, default=5, help="timed passes (median reported)")
     p.add_argument("--macs-only", action="store_true", help="only count parameters and MACs (no timing)")
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--plain-blocks", action="store_true",
                    help="time the cores' blocks with the plain adaLN-Zero formula instead of the fused one")
     p.add_argument("--breakdown", action="store_true",
@@ -224,8 +249,8 @@ def _profile(args: argparse.Namespace) -> int:
         raise ValueError(f"unknown model(s) {unknown}; available: {', '.join(list_models())}")
     if not models and args.quality is None:
         raise ValueError("loopvae profile needs --models NAME[,NAME...] or --quality RESULTS.json")
-    profile(models, args.out, quality=args.quality, device=args.device, batch=args.batch, resolution=args.resolution,
-            dtype=args.dtype,
+    profile(models, args.out, quality=args.quality, device=_device(args.device).split(":")[0], batch=args.batch,
+            resolution=args.resolution, dtype=args.dtype,
             warmup=args.warmup, iters=args.iters, macs_only=args.macs_only, memory_format=args.memory_format,
             compile=args.compile, plain_blocks=args.plain_blocks, breakdown=args.breakdown,
             train_batch=args.train_batch, train_resolution=args.train_resolution)
@@ -234,9 +259,10 @@ def _profile(args: argparse.Namespace) -> int:
 
 
 def _add_demo(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="a short training run, then evaluate, intervene and profile the bundled "
-                                     "trained tiny model on the bundled images")
-    p.add_argument("--out", default="runs/demo")
+    p = sub.add_parser("demo", formatter_class=HelpFormatter,
+                       help="a short training run, then evaluate, intervene and profile the bundled trained tiny "
+                            "model on the bundled images")
+    p.add_argument("--out", default="runs/demo", help="output directory (report.md and every step's outputs)")
     p.add_argument("--train-steps", type=int, default=None,
                    help="steps of the demo's own tiny-stage1 run (default 200; the bundled model is trained already)")
     add_override_argument(p, "override tiny-stage1 config keys")
@@ -255,14 +281,15 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _add_encode(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("encode", help="latents of every image as WebDataset shards (for latent-diffusion training)")
+    p = sub.add_parser("encode", formatter_class=HelpFormatter,
+                       help="latents of every image as WebDataset shards (for latent-diffusion training)")
     p.add_argument("--checkpoint", required=True,
                    help="release artifact, diffusers folder or training run directory of a tokenizer")
     p.add_argument("--data", required=True, help=DATA_HELP)
     p.add_argument("--out", required=True,
                    help="output directory: latents-NNNNNN.tar (one per input shard) + latents.json; a rerun resumes")
-    p.add_argument("--resolution", type=positive_int, default=256, help="shorter-side resize + centre crop")
-    p.add_argument("--batch-size", type=positive_int, default=16)
+    p.add_argument("--resolution", type=positive_int, default=256, help=RESOLUTION_HELP)
+    p.add_argument("--batch-size", type=positive_int, default=16, help="images per forward pass (per rank)")
     p.add_argument("--sample", action="store_true",
                    help="store one posterior sample per image (seeded by its key) instead of the posterior mean")
     _add_preprocess(p)
@@ -276,7 +303,7 @@ def _add_encode(sub: argparse._SubParsersAction) -> None:
                    help="skip undecodable images (listed in latents.json) instead of failing")
     p.add_argument("--weights", choices=("ema", "model"), default="ema",
                    help="for a training run directory: EMA (default) or raw weights")
-    p.add_argument("--device", default="auto")
+    add_device_argument(p)
 
 
 def _encode(args: argparse.Namespace) -> int:
@@ -298,7 +325,8 @@ def _encode(args: argparse.Namespace) -> int:
 
 def _add_compare(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "compare", help="tokenizers compared on the same images with the seed as the unit (arms of checkpoints)",
+        "compare", formatter_class=HelpFormatter,
+        help="tokenizers compared on the same images with the seed as the unit (arms of checkpoints)",
         description="Evaluate every checkpoint of every arm on the same images (loopvae eval's protocol) and compare "
                     "the arms seed by seed: paired t where the arms share what a seed fixes, Welch t otherwise, "
                     "Holm-corrected; per-image differences are reported as descriptive only. Writes compare.json, "
@@ -308,7 +336,7 @@ def _add_compare(sub: argparse._SubParsersAction) -> None:
                         "AutoencoderKL / AutoencoderDC folders); repeat for each arm")
     p.add_argument("--data", required=True, help=DATA_HELP)
     p.add_argument("--out", required=True, help="output directory (compare.json, compare.md, compare.png, evals/)")
-    p.add_argument("--resolution", type=positive_int, default=256)
+    p.add_argument("--resolution", type=positive_int, default=256, help=RESOLUTION_HELP)
     p.add_argument("--limit", type=positive_int, default=None, help="evaluate at most N images")
     p.add_argument("--compare", action="append", default=None, metavar="A:B",
                    help="a comparison A - B of the pre-registered family (repeat; default: every pair of arms in "
@@ -319,12 +347,14 @@ def _add_compare(sub: argparse._SubParsersAction) -> None:
     _add_preprocess(p)
     p.add_argument("--lpips-net", choices=("vgg", "alex", "none"), default="none",
                    help="add LPIPS per image (needs its backbone weights; see README)")
-    p.add_argument("--lpips-weights", default=None)
+    p.add_argument("--lpips-weights", default=None,
+                   help="torchvision backbone file for LPIPS (default: the torch hub cache)")
     p.add_argument("--fid-weights", default=None, help="torch-fidelity Inception weights (rFID per checkpoint)")
-    p.add_argument("--batch-size", type=positive_int, default=8)
-    p.add_argument("--num-workers", type=non_negative_int, default=2)
-    p.add_argument("--skip-corrupt", action="store_true")
-    p.add_argument("--device", default="auto")
+    p.add_argument("--batch-size", type=positive_int, default=8, help="images per forward pass (per rank)")
+    p.add_argument("--num-workers", type=non_negative_int, default=2, help="DataLoader worker processes")
+    p.add_argument("--skip-corrupt", action="store_true",
+                   help="skip undecodable or oversized images instead of stopping at the first one")
+    add_device_argument(p)
     _add_weights_and_dtype(p)
 
 
@@ -373,8 +403,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(argv)  # --help and argument errors end here, before torch is imported
     from looprun.cli_errors import run_command
+    from looprun.speed import apply_speed_arguments
 
     def command() -> int:
         apply_speed_arguments(args)
