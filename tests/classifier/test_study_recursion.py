@@ -47,10 +47,12 @@ def _run(arm: Arm, seed: int, top1: float, loss: float = 1.5, by_steps: dict | N
 
 def _study(r4_top1=(40.0, 40.5, 39.5), r2_top1=(36.0, 36.3, 36.6), plain_far=(20.0, 21.0, 19.0),
            blackbox_growth=2.0, blackbox_top1=30.0, r4_loss=1.5, top1: dict | None = None,
-           swapped: dict | None = None, inside: dict | None = None) -> tuple[dict, dict]:
+           swapped: dict | None = None, inside: dict | None = None,
+           inside_seeds: dict | None = None) -> tuple[dict, dict]:
     """Synthetic results of every arm x 3 seeds. ``top1``: per-arm seed values overriding the defaults;
     ``swapped``: per-arm top-1 of each swapped-solver evaluation (all seeds); ``inside``: per-arm top-1 at steps
-    1..T (all seeds)."""
+    1..T, plus 0.2 per seed (``inside_seeds``: per-arm offsets of the three seeds instead); ``r4_loss``: the R=4
+    arms' final loss at seed 0 (+ 0.01 per seed, as every other arm's), or one value per seed."""
     results, picks = {}, {}
     for arm in study_arms():
         picks.setdefault(arm.group, {"lr": 1e-3, "arm": arm.name, "losses": {"0.0005": 1.6, "0.001": 1.5,
@@ -64,14 +66,16 @@ def _study(r4_top1=(40.0, 40.5, 39.5), r2_top1=(36.0, 36.3, 36.6), plain_far=(20
             value = 36.0 + seed * 0.3 if value is None else value
             if top1 and arm.name in top1:
                 value = top1[arm.name][seed]
-            loss = r4_loss if arm.name.startswith("srvit-R4") else 1.5
-            loss += 0.01 * seed
+            loss = 1.5 + 0.01 * seed
+            if arm.name.startswith("srvit-R4"):
+                loss = r4_loss[seed] if isinstance(r4_loss, tuple) else r4_loss + 0.01 * seed
             steps = {}
             if arm.preset.startswith("cifar10-bvit"):
                 far = plain_far[seed] if arm.name == "bvit-euler" else 35.0 + seed * 0.2
                 steps = {arm.horizon: 36.0 + seed * 0.2, 2 * arm.horizon: 35.5, 4 * arm.horizon: far}
                 if inside and arm.name in inside:
-                    steps.update({t + 1: v + seed * 0.2 for t, v in enumerate(inside[arm.name])})
+                    off = (inside_seeds or {}).get(arm.name, (0.0, 0.2, 0.4))[seed]
+                    steps.update({t + 1: v + off for t, v in enumerate(inside[arm.name])})
             growth = blackbox_growth if arm.name == "bvit-blackbox" else 1.05
             run = _run(arm, seed, value, loss, steps, growth)
             if swapped and arm.name in swapped:
@@ -93,11 +97,15 @@ def _line(lines: list[str], start: str) -> str:
 
 
 def test_differences_are_paired_by_seed_with_three_verdicts() -> None:
-    a, b = Stat([40.0, 40.2, 39.8]), Stat([35.0, 35.2, 34.8])
+    a, b = Stat([40.0, 40.2, 39.8]), Stat([35.0, 35.3, 34.7])  # +5.0, +4.9, +5.1
     assert compare(a, b).verdict == "better" and compare(a, b).delta == pytest.approx(5.0)
     assert compare(b, a).verdict == "worse"
-    # a large seed spread that moves both arms together: paired, the +2 on every seed is resolved
-    assert compare(Stat([40.0, 45.0, 35.0]), Stat([38.0, 43.0, 33.0])).verdict == "better"
+    # a large seed spread that moves both arms together: paired, the +2.0, +1.9, +2.1 is resolved
+    assert compare(Stat([40.0, 45.0, 35.0]), Stat([38.0, 43.1, 32.9])).verdict == "better"
+    # exactly +2 on every seed (zero spread, e.g. one checkpoint scored twice): degenerate, never "better"
+    same = compare(Stat([40.0, 45.0, 35.0]), Stat([38.0, 43.0, 33.0]))
+    assert same.verdict == "inconclusive" and not same.called and same.paired.p is None
+    assert same.text() == "+2.00 points (zero spread between seeds, degenerate, no interval: inconclusive)"
     # differences that change sign across seeds: inconclusive, never "equal"
     noisy = compare(Stat([40.0, 45.0, 35.0]), Stat([38.0, 46.0, 31.0]))
     assert noisy.verdict == "inconclusive" and "inconclusive" in noisy.text() and "[" in noisy.text()
@@ -105,9 +113,12 @@ def test_differences_are_paired_by_seed_with_three_verdicts() -> None:
     assert compare(Stat([1.0, 2.0, 3.0], [0, 1, 2]), Stat([2.9, 0.9, 1.9], [2, 0, 1])).delta == pytest.approx(0.1)
     one_seed = compare(Stat([40.0]), Stat([30.0]))
     assert not one_seed.called and "one seed pair" in one_seed.text()
-    assert order([Stat([1.0, 1.1, 0.9]), Stat([2.0, 2.1, 1.9]), Stat([3.0, 3.1, 2.9])]) == "rises"
-    assert order([Stat([3.0, 3.1, 2.9]), Stat([2.0, 2.1, 1.9]), Stat([1.0, 1.1, 0.9])]) == "falls"
-    assert order([Stat([1.0, 1.1, 0.9]), Stat([5.0, 5.1, 4.9]), Stat([3.0, 3.1, 2.9])]) == "mixed"
+    # the ends differ by +2.0, +2.1, +2.0 (or the negatives): resolved, so the order of the means decides
+    assert order([Stat([1.0, 1.1, 0.9]), Stat([2.0, 2.1, 1.9]), Stat([3.0, 3.2, 2.9])]) == "rises"
+    assert order([Stat([3.0, 3.2, 2.9]), Stat([2.0, 2.1, 1.9]), Stat([1.0, 1.1, 0.9])]) == "falls"
+    assert order([Stat([1.0, 1.1, 0.9]), Stat([5.0, 5.1, 4.9]), Stat([3.0, 3.2, 2.9])]) == "mixed"
+    # exactly +2 at the ends on every seed: degenerate, so no order is claimed
+    assert order([Stat([1.0, 1.1, 0.9]), Stat([2.0, 2.1, 1.9]), Stat([3.0, 3.1, 2.9])]) == "flat"
     assert order([Stat([1.0, 2.0, 0.0]), Stat([1.0, 1.1, 0.9]), Stat([1.5, 1.6, 0.1])]) == "flat"
     assert Stat([1.0, 2.0, 3.0]).sd == pytest.approx(1.0) and Stat([4.0]).sd == 0.0
 
@@ -117,17 +128,27 @@ def test_depth_trend_and_fusion_sentences_follow_the_numbers() -> None:
     assert "`query` 36.30 ± 0.30 / 40.00 ± 0.50 at R=2/4: rises with R" in rising
     flat = _line(_reading(*_study(r4_top1=(35.0, 35.6, 35.3))), "- **Top-1 vs R**")
     assert "rises with R" not in flat and "`query` 36.30 ± 0.30 / 35.30 ± 0.30 at R=2/4: R=4 − R=1 inconclusive" in flat
-    mixed = _line(_reading(*_study(r4_top1=(30.0, 30.3, 30.6))), "- **Top-1 vs R**")
+    # R=4 − R=1 is -4.7, -5.3, -5.0 points over the seeds (R=1: 35.0, 35.3, 35.6): worse
+    mixed = _line(_reading(*_study(r4_top1=(30.3, 30.0, 30.6))), "- **Top-1 vs R**")
     assert "not monotone in R" in mixed and "falls" not in mixed
-    falling = _line(_reading(*_study(r4_top1=(30.0, 30.3, 30.6), r2_top1=(33.0, 33.3, 33.6))), "- **Top-1 vs R**")
+    falling = _line(_reading(*_study(r4_top1=(30.3, 30.0, 30.6), r2_top1=(33.0, 33.3, 33.6))), "- **Top-1 vs R**")
     assert "`last` 33.30 ± 0.30 / 30.30 ± 0.30 at R=2/4: falls with R" in falling
     fusion = _line(_reading(*_study()), "- **Fused vs plain recursion**")
     r4 = fusion[fusion.index("R=4:"):]
-    assert "token − last +0.00 points [+0.00, +0.00] (paired by seed, 95% t, n = 3; 0/3 higher: inconclusive)" in r4
+    # every R=4 arm scores the same on every seed: zero spread, degenerate (no interval), inconclusive
+    assert "token − last +0.00 points (zero spread between seeds, degenerate, no interval: inconclusive)" in r4
     assert all(f"{m} − last" in r4 for m in ("query", "token", "global", "mean"))
-    loss = _line(_reading(*_study(r4_loss=1.8)), "- **Training loss vs R**")
+    # token − last +0.3, -0.1, -0.1: an interval across 0, inconclusive
+    fusion = _line(_reading(*_study(top1={"srvit-R4-token": (40.3, 40.4, 39.4)})), "- **Fused vs plain recursion**")
+    r4 = fusion[fusion.index("R=4:"):]
+    assert "token − last +0.03 points [-0.54, +0.61] (paired by seed, 95% t, n = 3; 1/3 higher: inconclusive)" in r4
+    # R=4 − R=1 final loss +0.30, +0.31, +0.31 (R=1: 1.50, 1.51, 1.52)
+    loss = _line(_reading(*_study(r4_loss=(1.80, 1.82, 1.83))), "- **Training loss vs R**")
     assert "rises with R (R=4 − R=1 paired: higher)" in loss
-    assert "inconclusive" in _line(_reading(*_study(r4_loss=1.5)), "- **Training loss vs R**")
+    # the same loss as R=1 on every seed: degenerate, inconclusive
+    same = _line(_reading(*_study(r4_loss=1.5)), "- **Training loss vs R**")
+    assert "R=4 − R=1 is inconclusive" in same
+    assert "+0.00 (zero spread between seeds, degenerate, no interval: inconclusive)" in same
 
 
 def test_horizon_and_blackbox_sentences_follow_the_numbers() -> None:
@@ -144,7 +165,12 @@ def test_horizon_and_blackbox_sentences_follow_the_numbers() -> None:
 
 
 def test_matched_flops_router_uniformity_and_budget_sentences() -> None:
-    results, picks = _study()
+    # by default the ViT is exactly 1 point behind bViT on every seed: zero spread, degenerate, no call
+    flops = _line(_reading(*_study()), "- **Matched FLOPs**")
+    assert "12-block ViT − bViT (Euler, T=12) -1.00 points (zero spread between seeds, degenerate, no interval: " \
+        "inconclusive)" in flops and "Inconclusive at matched FLOPs." in flops
+    # bViT 36.0, 36.35, 36.55: the ViT (35.0, 35.3, 35.6) is behind by 1.0, 1.05, 0.95 points
+    results, picks = _study(top1={"bvit-euler": (36.0, 36.35, 36.55)})
     flops = _line(_reading(results, picks), "- **Matched FLOPs**")
     assert "12-block ViT − bViT (Euler, T=12) -1.00 points" in flops and "worse" in flops
     assert "bViT wins at matched FLOPs here" in flops
@@ -230,8 +256,14 @@ def test_swapped_solver_depth_and_in_horizon_sentences_follow_the_numbers() -> N
                                                                  "- **Depth at this budget**")
     curve = [20.0, 28.0, 31.0, 33.0, 34.0, 34.5, 35.0, 35.4, 35.6, 35.8, 35.9, 36.0]
     supervised = [30.0, 31.0, 33.0, 34.0, 35.0, 35.5, 35.6, 35.7, 35.8, 35.9, 36.0, 36.0]
+    # both arms +0.2 per seed: deep supervision − plain is exactly +1 on every seed, degenerate, no call
     line = _line(_reading(*_study(inside={"bvit-euler": curve, "bvit-euler-ds3": supervised})),
                  "- **Inside the horizon**")
+    assert "At step 6, half the horizon, deep supervision − plain +1.00 points (zero spread between seeds, " \
+        "degenerate, no interval: inconclusive)." in line and "usable early" not in line
+    # supervised seeds +0, +0.25, +0.35 (the same mean offset, 0.2): +1.00, +1.05, +0.95 at step 6
+    line = _line(_reading(*_study(inside={"bvit-euler": curve, "bvit-euler-ds3": supervised},
+                                  inside_seeds={"bvit-euler-ds3": (0.0, 0.25, 0.35)})), "- **Inside the horizon**")
     assert "bvit-euler 20.2% at step 1 → 36.2% at step 12 (rising at every step), within 1 point of it from step 7 on" \
         in line
     assert "At step 6, half the horizon, deep supervision − plain +1.00 points [" in line

@@ -69,6 +69,11 @@ def test_zero_spread_is_degenerate_not_significant() -> None:
     same = paired_difference([24.035, 24.035], [24.0, 24.0])
     assert same.verdict == "inconclusive" and same.p is None and same.low is None
     assert welch_difference([1.0, 1.0], [0.5, 0.5]).verdict == "inconclusive"
+    # the same at float-rounding level: 24.035 - 24.0 computed from different sums
+    rounding = paired_difference([24.035, 24.035 + 3e-15, 24.035 - 2e-15], [24.0, 24.0, 24.0])
+    assert rounding.verdict == "inconclusive" and rounding.p is None
+    # a real, tiny spread is not degenerate
+    assert paired_difference([24.035, 24.036, 24.034], [24.0, 24.0, 24.0]).verdict == "better"
 
 
 def test_margin_family_reads_holm_in_interval_form() -> None:

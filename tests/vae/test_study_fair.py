@@ -208,7 +208,7 @@ def test_conclusion_extra_seeds_and_the_check_without_a_diverging_seed(study: Pa
     assert "### Extra seeds (pre-registered rule, decided at seeds 0–2)" in page
     assert ("`loopvae-sc@img` and `dcae@img` get seeds 3 and 4 (once; `main-loopvae-sc-img-s3`, "
             "`main-loopvae-sc-img-s4`, `main-dcae-img-s3`, `main-dcae-img-s4`), 4 of 4 runs to go, from a worktree of "
-            "`study-fair-extra-seeds` (README, *A fair fight*, says where): "
+            "`study-fair-extra-seeds` ([development.md](development.md#studies-across-sittings) says how): "
             "`python <worktree>/benchmarks/study_fair.py --phase main --seeds 3 4 --families dcae loopvae-sc "
             "--budgets img`") in page
     assert "- P3 at seeds 0–2: better" in page and "no extra seeds" in page

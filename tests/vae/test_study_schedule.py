@@ -22,6 +22,7 @@ from study_schedule_report import (  # noqa: E402
     intervention_summary,
     pareto_set,
     reading,
+    same_configuration_pairs,
     trained_at_exit_lines,
 )
 
@@ -45,22 +46,30 @@ def test_every_arm_is_a_valid_training_config_with_its_schedule() -> None:
     assert all(len(a.seeds) >= 2 for a in arms if a.name in ("paper", "dec-1-2-1", "dec-1-2-2", REFERENCE))
 
 
-def _quality(seed_offsets: dict[int, float], base: float = 25.0) -> dict:
+def _wobble(seed: int, i: int) -> int:
+    """-1, 0 or +1 for image ``i`` of ``seed``: zero-mean over the N = 6 images of every seed, and over seeds 0, 1,
+    2 for every image, and different between any two of those seeds."""
+    return (i + seed) % 3 - 1
+
+
+def _quality(seed_offsets: dict[int, float], base: float = 25.0, wobble: float = 0.0) -> dict:
+    """Per-image PSNR ``base + offset + 0.1 i``; ``wobble`` adds ``wobble * _wobble(seed, i)`` per image (the seed
+    means stay as without it), so two seeds differ by a different amount on each image."""
     seeds = {}
     for seed, off in seed_offsets.items():
-        per = [base + off + 0.1 * i for i in range(N)]
+        per = [base + off + 0.1 * i + wobble * _wobble(seed, i) for i in range(N)]
         seeds[seed] = {"psnr": sum(per) / N, "ssim": 0.8 + off / 100, "keys": [f"k{i}" for i in range(N)],
                        "per_image_psnr": per, "per_image_ssim": [0.8 + off / 100] * N}
     vals = [s["psnr"] for s in seeds.values()]
     return {"seeds": seeds, "psnr": sum(vals) / len(vals), "psnr_sd": None, "ssim": 0.8}
 
 
-def _rows(arm_offsets: dict[str, tuple[dict[int, float], int, float]]) -> dict:
-    ref_q = _quality({0: 0.0, 1: 0.05, 2: -0.05})
+def _rows(arm_offsets: dict[str, tuple[dict[int, float], int, float]], wobble: float = 0.0) -> dict:
+    ref_q = _quality({0: 0.0, 1: 0.05, 2: -0.05}, wobble=wobble)
     rows = {REFERENCE: {"params": 1_000_000, "gmacs": 5.0, "cpu_ms": {"median": 100.0}, "quality": ref_q,
                         "vs_reference": None, "encoder_passes": None, "decoder_passes": None}}
     for name, (offsets, params, gmacs) in arm_offsets.items():
-        q = _quality(offsets)
+        q = _quality(offsets, wobble=wobble)
         rows[name] = {"params": params, "gmacs": gmacs, "cpu_ms": {"median": 200.0}, "quality": q,
                       "vs_reference": compare(q, ref_q), "encoder_passes": (1, 2, 4), "decoder_passes": (1, 2, 4)}
     return rows
@@ -86,7 +95,9 @@ def test_dominance_needs_all_three_criteria_and_a_seed_paired_win() -> None:
 
     dom["dec-1-2-1"].update(dominates=False, weights_ok=False)  # the same numbers without the weight cap met
     text = "\n".join(reading({"rows": rows, "reference": REFERENCE, "dominance": dom, "pareto": []}))
-    assert "No arm dominates" in text and "misses by the weight cap alone" in text
+    assert "No arm dominates" in text and "misses by the weight cap alone" not in text
+    # the two-axis line names its reference as untuned and sets the arm's MACs against the tuned dcae-tiny
+    assert "an untuned reference at LoopVAE's recipe" in text and "the tuned `dcae-tiny`" in text
 
 
 def _read(rows: dict) -> list[str]:
@@ -95,24 +106,40 @@ def _read(rows: dict) -> list[str]:
 
 
 def test_by_image_differences_carry_no_verdict_and_stand_beside_null_rows() -> None:
-    # every image moves by the same offset: each by-image interval has zero width and would read "better"
-    rows = _rows({"paper": ({0: 1.0, 1: 1.1, 2: 0.9}, 340_000, 7.0), "dec-2-4-1": ({0: 1.2}, 340_000, 5.0)})
+    # every image moves by its seed's offset, give or take 0.01 dB: each by-image interval is narrow, excludes 0
+    # and would read "better"
+    rows = _rows({"paper": ({0: 1.0, 1: 1.1, 2: 0.9}, 340_000, 7.0), "dec-2-4-1": ({0: 1.2}, 340_000, 5.0)},
+                 wobble=0.01)
     rows["dec-2-4-1"]["vs_paper"] = compare(rows["dec-2-4-1"]["quality"], rows["paper"]["quality"])
     assert rows["dec-2-4-1"]["vs_paper"]["by_image_psnr"]["verdict"] == "better"
     lines = _read(rows)
     vs_paper = next(line for line in lines if line.startswith("- dec-2-4-1 vs paper"))
     by_seed, by_image = vs_paper.split("; by image ")
     assert "(n = 1, no interval): inconclusive" in by_seed  # one seed: the verdict, by seed, is inconclusive
-    assert by_image.startswith("+0.20 [+0.20, +0.20] (n = 6; 6/6 higher), descriptive")
+    # image differences +0.19, +0.20, +0.21 (twice): t(5) interval +0.20 ± 0.009
+    assert by_image.startswith("+0.20 [+0.19, +0.21] (n = 6; 6/6 higher), descriptive")
     assert not any(word in by_image for word in ("better", "worse", "inconclusive"))
     for line in lines:
         if line.startswith("  - dec-2-4-1: weights"):
             assert line.endswith("by image +1.20 dB (descriptive).") and "by image better" not in line
-    # two seeds of one configuration, paired by image: the same zero-width intervals, counted as a null row
+    # two seeds of one configuration, paired by image: the same narrow intervals excluding 0, counted as null rows
     null = next(line for line in lines if line.startswith("- **By image, one run per model: descriptive.**"))
     assert "excludes 0 in 3 of 3 LoopVAE seed pairs (6 of 6 with the reference's)" in null
-    assert "paper s1 − s2, is +0.20 [+0.20, +0.20] (n = 6; 6/6 higher)" in null
+    # paper s1 − s2: +0.20 plus 0.01 × (-1, +2, -1, -1, +2, -1) over the images: t(5) interval +0.20 ± 0.016
+    assert "paper s1 − s2, is +0.20 [+0.18, +0.22] (n = 6; 6/6 higher)" in null
     assert "verdicts are paired by seed" in null
+
+    # every image moves by exactly its seed's offset: a seed pair differs by the same amount on every image (zero
+    # spread), which is degenerate: no interval, no p, inconclusive, and not counted as excluding 0
+    rows = _rows({"paper": ({0: 1.0, 1: 1.1, 2: 0.9}, 340_000, 7.0), "dec-2-4-1": ({0: 1.2}, 340_000, 5.0)})
+    pairs = same_configuration_pairs(rows)
+    assert len(pairs) == 6
+    assert all(p["diff"]["low"] is None and p["diff"]["high"] is None and p["diff"]["p"] is None
+               and p["diff"]["verdict"] == "inconclusive" for p in pairs)
+    null = next(line for line in _read(rows) if line.startswith("- **By image, one run per model: descriptive.**"))
+    assert "excludes 0 in 0 of 3 LoopVAE seed pairs (0 of 6 with the reference's)" in null
+    assert "paper s1 − s2, is +0.20 dB (n = 6, no interval)" in null
+    assert not any(word in null for word in ("better", "worse", "inconclusive"))
 
 
 def test_pareto_membership_on_margins_within_seed_noise_is_flagged() -> None:
@@ -125,9 +152,9 @@ def test_pareto_membership_on_margins_within_seed_noise_is_flagged() -> None:
     assert "Pareto membership differences are within seed noise" in text
     assert "On it by cost alone (no arm is as cheap on both params and GMACs): dec-1-2-1." in text
     assert "flux-vae-tiny off it (behind dec-1-2-1, better paired by seed)" in text
-    # +0.5 dB on every seed: the same membership, now resolved by seed
+    # +0.50, +0.55, +0.45 dB over paper's seeds: the same membership, now resolved by seed
     rows = _rows({"paper": ({0: 1.0, 1: 1.1, 2: 0.9}, 340_000, 7.0),
-                  "dec-1-2-1": ({0: 1.5, 1: 1.6, 2: 1.4}, 330_000, 4.9)})
+                  "dec-1-2-1": ({0: 1.5, 1: 1.65, 2: 1.35}, 330_000, 4.9)})
     text = "\n".join(_read(rows))
     resolved = next(line for line in text.splitlines() if line.startswith("  - Resolved by seed:"))
     assert "paper off it (behind dec-1-2-1, better paired by seed)" in resolved

@@ -77,6 +77,12 @@ def _verdict(mean: float, p: float | None, alpha: float) -> str:
     return "better" if mean > 0 else "worse" if mean < 0 else "inconclusive"
 
 
+def _degenerate(spread: float, mean: float) -> bool:
+    """A spread at float-rounding level (``1e-9`` of the values' scale): the copies of one number that a
+    repeated checkpoint gives, where a t-statistic would be astronomically large and meaningless."""
+    return spread <= 1e-9 * max(1.0, abs(mean))
+
+
 def paired_difference(a: list[float], b: list[float], confidence: float = 0.95) -> Difference:
     """Paired t-interval of ``mean(a - b)``; ``a`` and ``b`` are aligned (same seeds or images, same order)."""
     if len(a) != len(b) or not a:
@@ -88,7 +94,7 @@ def paired_difference(a: list[float], b: list[float], confidence: float = 0.95) 
         return Difference(mean, None, None, n, wins, confidence, "inconclusive")
     sd = statistics.stdev(diffs)
     se = sd / math.sqrt(n)
-    if se == 0:  # degenerate: identical pairs carry no information about the spread
+    if _degenerate(sd, mean):  # identical pairs (up to float rounding) carry no information about the spread
         return Difference(mean, None, None, n, wins, confidence, "inconclusive")
     half = float(scipy_stats.t.ppf(0.5 + confidence / 2, n - 1)) * se
     p = float(2 * scipy_stats.t.sf(abs(mean / se), n - 1))
@@ -107,7 +113,7 @@ def welch_difference(a: list[float], b: list[float], confidence: float = 0.95) -
                           n_b=len(b))
     va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
     se = math.sqrt(va + vb)
-    if se == 0:  # degenerate: both samples constant
+    if _degenerate(se, mean):  # degenerate: both samples constant (up to float rounding)
         return Difference(mean, None, None, n, None, confidence, "inconclusive", test="Welch t", n_a=len(a),
                           n_b=len(b))
     df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
