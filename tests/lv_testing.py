@@ -55,3 +55,32 @@ def small_filesystem(path, size_kib: int):
         yield path
     finally:
         subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+@contextlib.contextmanager
+def read_only_filesystem(path, folders: tuple[str, ...] = ("old",)):
+    """A real read-only filesystem at ``path`` (a tmpfs, with the empty ``folders`` made before it is remounted
+    read-only; unmounted afterwards): writes there fail with EROFS, which is not a PermissionError. Skips the test,
+    with the reason, where mounting is not permitted."""
+    import subprocess
+
+    import pytest
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    try:
+        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(path)], capture_output=True,
+                              text=True)
+    except OSError as err:
+        pytest.skip(f"cannot mount a tmpfs for a read-only test: {err}")
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs for a read-only test: {proc.stderr.strip() or proc.returncode}")
+    try:
+        for folder in folders:
+            (path / folder).mkdir()
+        proc = subprocess.run(["mount", "-o", "remount,ro", str(path)], capture_output=True, text=True)
+        if proc.returncode != 0:
+            pytest.skip(f"cannot remount a tmpfs read-only: {proc.stderr.strip() or proc.returncode}")
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)

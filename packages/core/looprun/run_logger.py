@@ -3,9 +3,11 @@ images/s and ETA."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -38,7 +40,7 @@ class RunLogger:
             return
         from .trackers import make_tracker
 
-        self.writer = make_tracker(tracker, run_dir, config)
+        self.writer = make_tracker(tracker, run_dir, config, resumed=start_step > 0)
         if progress:
             self.bar = tqdm(total=total_steps, initial=start_step, dynamic_ncols=True, desc="train", unit="step")
 
@@ -94,6 +96,36 @@ def teardown_run_logging(name: str) -> None:
                 handler.close()
 
 
+_console_seen: set[tuple[int, str]] | None = None  # set while console_messages_once() is active
+
+
+class _ConsoleOnce(logging.Filter):
+    """Lets a console message through once while :func:`console_messages_once` is active (every run's log file
+    still gets all of them)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if _console_seen is None or record.levelno < logging.WARNING:
+            return True
+        key = (record.levelno, record.getMessage())
+        if key in _console_seen:
+            return False
+        _console_seen.add(key)
+        return True
+
+
+@contextlib.contextmanager
+def console_messages_once() -> Iterator[None]:
+    """Within the block, a warning printed to the console by one run is not printed again by the next run in
+    the same process (``loopvae compare`` evaluates many checkpoints: one "rFID unavailable" line, not one per
+    arm). Each run's own log file keeps its warnings."""
+    global _console_seen
+    previous, _console_seen = _console_seen, set()
+    try:
+        yield
+    finally:
+        _console_seen = previous
+
+
 def setup_run_logging(name: str, run_dir: Path, is_main: bool, rank: int, log_file: str = "train.log") -> None:
     """Send the ``name`` logger and ``loopcore``'s and ``loopdata``'s (skipped corrupt samples, checkpoint
     recovery) to stderr, and on the main rank to ``run_dir/<log_file>`` (``train.log``, ``eval.log``, ...).
@@ -105,6 +137,7 @@ def setup_run_logging(name: str, run_dir: Path, is_main: bool, rank: int, log_fi
     root.setLevel(logging.INFO)
     fmt = logging.Formatter(f"%(asctime)s [rank {rank}] %(levelname)s %(message)s")
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    handlers[0].addFilter(_ConsoleOnce())
     if is_main:
         handlers.append(logging.FileHandler(Path(run_dir) / log_file))
     for handler in handlers:

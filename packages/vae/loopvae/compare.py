@@ -25,6 +25,8 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import os
+import re
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +50,9 @@ METRICS = ("psnr", "ssim")
 PAIRINGS = ("auto", "paired", "welch")
 # release.json keys that fix a run's data order and augmentation draws
 ORDER_KEYS = ("seed", "data", "resolution", "batch_size", "grad_accum_steps", "world_size", "scale_jitter", "hflip")
+# keys that also fix the order (the loader splits an epoch's batches over max(num_workers, 1) workers) but that older
+# release.json files lack: compared where both checkpoints record them
+OPTIONAL_ORDER_KEYS = ("num_workers",)
 
 
 @dataclass
@@ -70,13 +75,28 @@ class CompareOptions:
     extra: dict[str, Any] = field(default_factory=dict)  # recorded in protocol (e.g. the study's budget)
 
 
+ARM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def check_arm_name(name: str, spec: str | None = None) -> str:
+    """``name`` if it can be a folder name under ``--out`` (``OUT/evals/<name>/``): letters, digits, ``.``, ``_``
+    and ``-``, starting with a letter or digit (no ``/``, ``..``, absolute paths or ``:``); ``ValueError`` naming
+    it otherwise."""
+    if not ARM_NAME.fullmatch(name):
+        where = f"--arm {spec!r}" if spec is not None else f"arm {name!r}"
+        raise ValueError(f"{where}: the arm name {name!r} becomes a folder under --out (OUT/evals/<name>/); use "
+                         "letters, digits, '.', '_' and '-', starting with a letter or digit")
+    return name
+
+
 def parse_arm(spec: str) -> tuple[str, list[str]]:
-    """``NAME=PATH[,PATH...]`` -> ``(NAME, [PATH, ...])``; ``ValueError`` naming the spec otherwise."""
+    """``NAME=PATH[,PATH...]`` -> ``(NAME, [PATH, ...])``; ``ValueError`` naming the spec otherwise (a malformed
+    spec, or a NAME that is not a plain folder name: :func:`check_arm_name`)."""
     name, sep, paths = spec.partition("=")
     items = [p.strip() for p in paths.split(",") if p.strip()]
     if not sep or not name.strip() or not items:
         raise ValueError(f"--arm {spec!r}: expected NAME=PATH[,PATH...] (the seeds of one arm, comma-separated)")
-    return name.strip(), items
+    return check_arm_name(name.strip(), spec), items
 
 
 def parse_pair(spec: str) -> tuple[str, str]:
@@ -89,28 +109,100 @@ def parse_pair(spec: str) -> tuple[str, str]:
 
 def _eval_dir(out: Path, arm: str, index: int, checkpoint: str) -> Path:
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in Path(checkpoint).name or "checkpoint")
-    return out / "evals" / arm / f"{index}-{safe}"
+    return out / "evals" / check_arm_name(arm) / f"{index}-{safe}"
 
 
-def _evaluate_once(checkpoint: str, data: str, target: Path, options: CompareOptions,
-                   weights: dict[str, str]) -> dict[str, Any]:
-    """``loopvae eval`` of one checkpoint into ``target``; an earlier result there with the same weights, data,
-    resolution and limit is reused (a long comparison resumes)."""
-    metrics_file = target / "metrics.json"
-    if metrics_file.is_file() and (target / "per_image.json").is_file():
-        old = json.loads(metrics_file.read_text())
-        same = (old["data"] == {"urls": data, "resolution": options.resolution, "limit": options.limit}
-                and old.get("preprocessing", {}).get("method") == options.preprocess
-                and not old.get("preprocessing", {}).get("jpeg_draft", True)
-                and {k.removeprefix("model/"): v for k, v in old["weights_sha256"].items()
-                     if k.startswith("model/")} == weights)
-        if same:
-            return old
-    return evaluate(checkpoint, data, target, EvalOptions(
+def _eval_options(options: CompareOptions) -> EvalOptions:
+    """The ``loopvae eval`` options every checkpoint of a comparison is evaluated with."""
+    return EvalOptions(
         resolution=options.resolution, limit=options.limit, batch_size=options.batch_size,
         num_workers=options.num_workers, fid_weights=options.fid_weights, lpips_net=options.lpips_net,
         lpips_weights=options.lpips_weights, device=options.device, progress=options.progress,
-        weights=options.weights, skip_corrupt=options.skip_corrupt, grid_images=4, preprocess=options.preprocess))
+        weights=options.weights, skip_corrupt=options.skip_corrupt, grid_images=4, preprocess=options.preprocess)
+
+
+def metric_weights(options: EvalOptions) -> dict[str, str]:
+    """The sha256 of the LPIPS backbone and FID Inception files an evaluation with ``options`` would use, under
+    the names ``metrics.json`` records them (``lpips/<file>``, ``inception/<file>``); absent files are left out,
+    as the evaluation leaves them out (it reports ``lpips`` / ``rfid`` as null)."""
+    from looprun.checkpoint import sha256_file
+
+    from .metrics import default_inception_path
+    from .perceptual import default_backbone_path
+
+    found = {}
+    if options.lpips_net != "none" and not options.lpips_random_backbone:
+        path = Path(options.lpips_weights) if options.lpips_weights else default_backbone_path(options.lpips_net)
+        if path.is_file():
+            found[f"lpips/{path.name}"] = sha256_file(path)
+    path = Path(options.fid_weights) if options.fid_weights else default_inception_path()
+    if path.is_file():
+        found[f"inception/{path.name}"] = sha256_file(path)
+    return found
+
+
+@dataclass
+class ReuseKey:
+    """What an earlier evaluation in a comparison's ``evals/`` must have recorded to be reused: the data
+    specification and identity (:mod:`loopdata.identity`: shard sizes and times, folder file lists), every
+    setting (:func:`loopvae.evaluate.eval_settings`), the preprocessing and the sha256 of every weights file
+    (the checkpoint's, LPIPS's and Inception's)."""
+
+    data: str
+    identity: list[dict[str, Any]]
+    options: EvalOptions
+    preprocessing: dict[str, Any]
+    metric_weights: dict[str, str]
+    device: str
+
+
+def _reuse_problem(old: dict[str, Any], key: ReuseKey, kind: str, weights: dict[str, str]) -> str | None:
+    """Why the evaluation recorded in ``old`` (its ``metrics.json``) cannot be reused for a checkpoint of ``kind``
+    with weight files ``weights``, or ``None`` when it can."""
+    from loopdata.identity import first_set_difference
+
+    from .evaluate import eval_settings
+
+    data = old.get("data") or {}
+    if data.get("urls") != key.data:
+        return f"it evaluated --data {data.get('urls')!r}"
+    if not isinstance(data.get("identity"), list):
+        return "it records no identity of its data (an older loopvae eval)"
+    changed = first_set_difference(data["identity"], key.identity)
+    if changed is not None:
+        return f"the data changed since ({changed})"
+    settings = eval_settings(key.options, kind, key.device)
+    recorded = old.get("settings") or {}
+    differs = sorted(k for k in settings if recorded.get(k, "<not recorded>") != settings[k])
+    if differs:
+        return "other settings (" + ", ".join(f"{k}: {recorded.get(k, '<not recorded>')!r} then, "
+                                               f"{settings[k]!r} now" for k in differs) + ")"
+    if old.get("preprocessing") != key.preprocessing:
+        return "other preprocessing"
+    expected = {**{f"model/{k}": v for k, v in weights.items()}, **key.metric_weights}
+    if old.get("weights_sha256") != expected:
+        return "other weights files (checkpoint, LPIPS or Inception)"
+    return None
+
+
+def _evaluate_once(checkpoint: str, data: str, target: Path, key: ReuseKey, kind: str,
+                   weights: dict[str, str]) -> dict[str, Any]:
+    """``loopvae eval`` of one checkpoint into ``target``; an earlier result there is reused (a long comparison
+    resumes) when it was made with the same weights (the files' sha256 and the ``--weights`` choice), on the same
+    data (specification and identity) with the same settings (:func:`_reuse_problem`)."""
+    metrics_file = target / "metrics.json"
+    if metrics_file.is_file() and (target / "per_image.json").is_file():
+        try:
+            old = json.loads(metrics_file.read_text())
+        except (OSError, ValueError):
+            old = None
+        problem = "its metrics.json is unreadable" if not isinstance(old, dict) else _reuse_problem(
+            old, key, kind, weights)
+        if problem is None:
+            log.info("reusing the evaluation in %s", target)
+            return old
+        log.info("evaluating %s again in %s: %s", checkpoint, target, problem)
+    return evaluate(checkpoint, data, target, key.options)
 
 
 def _architecture(checkpoint: str, resolution: int, weights: str, loaded: Any = None) -> dict[str, Any]:
@@ -132,8 +224,9 @@ def _architecture(checkpoint: str, resolution: int, weights: str, loaded: Any = 
         run = Path(checkpoint)
         cfg = load_train_config(str(run / "config.yaml"))
         info = {"seed": cfg.seed, "resolution": cfg.resolution, "batch_size": cfg.batch_size,
-                "grad_accum_steps": cfg.grad_accum_steps, "scale_jitter": list(cfg.scale_jitter), "hflip": cfg.hflip}
-    order = {k: info[k] for k in ORDER_KEYS if k in info}
+                "grad_accum_steps": cfg.grad_accum_steps, "scale_jitter": list(cfg.scale_jitter), "hflip": cfg.hflip,
+                "num_workers": cfg.num_workers}
+    order = {k: info[k] for k in ORDER_KEYS + OPTIONAL_ORDER_KEYS if k in info}
     # the architecture (latent normalisation may differ between seeds; tuples and lists are the same here)
     config = json.loads(json.dumps({k: v for k, v in dict(model.config).items()
                                     if not k.startswith("_") and k not in LATENT_CONFIG_KEYS}, default=list))
@@ -144,9 +237,16 @@ def _architecture(checkpoint: str, resolution: int, weights: str, loaded: Any = 
 
 def _same_order(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
     """Whether every i-th checkpoint of two arms trained on the same crops in the same order (all of
-    :data:`ORDER_KEYS` recorded and equal)."""
+    :data:`ORDER_KEYS` recorded and equal, and :data:`OPTIONAL_ORDER_KEYS` equal where both record them;
+    ``num_workers`` 0 and 1 load alike)."""
+    def optional(order: dict[str, Any], k: str) -> Any:
+        return max(int(order[k]), 1) if k == "num_workers" else order[k]
+
     return len(a) == len(b) and all(
-        set(ORDER_KEYS) <= set(x["order"]) and all(x["order"][k] == y["order"][k] for k in ORDER_KEYS)
+        set(ORDER_KEYS) <= set(x["order"]) and set(ORDER_KEYS) <= set(y["order"])
+        and all(x["order"][k] == y["order"][k] for k in ORDER_KEYS)
+        and all(optional(x["order"], k) == optional(y["order"], k) for k in OPTIONAL_ORDER_KEYS
+                if k in x["order"] and k in y["order"])
         for x, y in zip(a, b, strict=True))
 
 
@@ -167,34 +267,105 @@ class SeedEvaluation:
     low_resolution: list[int] | None = None
 
 
-def compare(arms: dict[str, list[str]], data: str, out_dir: str | Path, options: CompareOptions) -> dict[str, Any]:
-    """Evaluate every checkpoint of every arm on ``data`` and write ``compare.json`` / ``compare.md`` /
-    ``compare.png`` to ``out_dir``. Returns the ``compare.json`` content."""
+def check_arms(arms: dict[str, list[str]]) -> None:
+    """Refuse arm names that are not plain folder names and a checkpoint path listed twice in one arm (it would
+    count as two seeds)."""
     if len(arms) < 1:
         raise ValueError("loopvae compare needs at least one --arm")
+    for name, checkpoints in arms.items():
+        check_arm_name(name)
+        if not checkpoints:
+            raise ValueError(f"--arm {name}: no checkpoints")
+        seen: dict[str, str] = {}
+        for ckpt in checkpoints:
+            real = os.path.realpath(ckpt)
+            if real in seen:
+                also = "" if seen[real] == ckpt else f" (also as {seen[real]})"
+                raise ValueError(f"--arm {name}: {ckpt} is listed twice{also}; an arm's checkpoints are its seeds: "
+                                 "list each checkpoint once")
+            seen[real] = ckpt
+
+
+def _check_distinct_weights(name: str, checkpoints: list[str], digests: list[dict[str, str]]) -> None:
+    """Refuse two checkpoints of one arm with the same weights (a copy of a checkpoint is not another seed)."""
+    seen: dict[tuple[str, ...], str] = {}
+    for ckpt, digest in zip(checkpoints, digests, strict=True):
+        key = tuple(sorted(digest.values()))
+        if key and key in seen:
+            raise ValueError(f"--arm {name}: {ckpt} holds the same weights (sha256) as {seen[key]}; an arm's "
+                             "checkpoints are its seeds: a copy of a checkpoint is not another seed, list it once")
+        seen[key] = ckpt
+
+
+def compare(arms: dict[str, list[str]], data: str, out_dir: str | Path, options: CompareOptions) -> dict[str, Any]:
+    """Evaluate every checkpoint of every arm on ``data`` and write ``compare.json`` / ``compare.md`` /
+    ``compare.png`` and ``side_by_side.png`` (a row per image, a column per arm plus the reference) to ``out_dir``.
+    Returns the ``compare.json`` content.
+
+    The arms, the data and every checkpoint are checked before ``out_dir`` is created: arm names must be plain
+    folder names, and no checkpoint (by path or by the sha256 of its weights) may appear twice in one arm."""
+    from loopdata.identity import data_identity
+    from loopdata.shards import canonical_urls
+    from loopdata.transforms import describe_preprocessing, make_options
+    from looprun.distributed import resolve_device
+    from looprun.output_dir import prepare_output_dir
+    from looprun.run_logger import console_messages_once
+
+    check_arms(arms)
     check_pairs(list(arms), options)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    identity = data_identity(canonical_urls(data))  # before anything is read: a change later is detected
+    eval_options = _eval_options(options)
+    preprocessing = describe_preprocessing(make_options("reconstruction", preprocess=options.preprocess),
+                                           options.resolution)
+    key = ReuseKey(data, identity, eval_options, preprocessing, metric_weights(eval_options),
+                   resolve_device(options.device).type)
+    # every checkpoint loaded once first: its checksums, kind and architecture (a bad one stops the comparison
+    # before any evaluation, and a duplicated one is refused)
+    facts: dict[str, list[tuple[dict[str, str], str, dict[str, Any]]]] = {}
+    for name, checkpoints in arms.items():
+        facts[name] = []
+        for ckpt in checkpoints:
+            loaded = load_tokenizer(ckpt, options.weights)
+            facts[name].append((dict(loaded.weights_sha256), loaded.kind,
+                                _architecture(ckpt, options.resolution, options.weights, loaded)))
+            del loaded
+        _check_distinct_weights(name, checkpoints, [f[0] for f in facts[name]])
+    out = prepare_output_dir(out_dir, "--out")
     evaluated: dict[str, list[SeedEvaluation]] = {}
+    with console_messages_once():  # one "rFID unavailable" line on the console, not one per checkpoint
+        _evaluate_arms(arms, data, out, key, facts, identity, evaluated)
+    protocol = {"data": data, "resolution": options.resolution, "limit": options.limit, "weights": options.weights,
+                "preprocessing": preprocessing}
+    result = summarise(evaluated, options, protocol)
+    write_outputs(result, out)
+    from .side_by_side import side_by_side
+
+    # every arm's first checkpoint on the first images, one picture: the tables' numbers made visible
+    side_by_side({name: checkpoints[0] for name, checkpoints in arms.items()}, data, out / "side_by_side.png",
+                 resolution=options.resolution, weights=options.weights, preprocess=options.preprocess)
+    return result
+
+
+def _evaluate_arms(arms: dict[str, list[str]], data: str, out: Path, key: ReuseKey,
+                   facts: dict[str, list[tuple[dict[str, str], str, dict[str, Any]]]], identity: Any,
+                   evaluated: dict[str, list[SeedEvaluation]]) -> None:
+    """Evaluate (or reuse) every checkpoint of every arm into ``evaluated``; stop if ``data`` changes meanwhile."""
+    from loopdata.identity import first_set_difference
+
     for name, checkpoints in arms.items():
         evaluated[name] = []
         for i, ckpt in enumerate(checkpoints):
             log.info("arm %s, checkpoint %d/%d: %s", name, i + 1, len(checkpoints), ckpt)
             target = _eval_dir(out, name, i, ckpt)
-            loaded = load_tokenizer(ckpt, options.weights)  # once: its checksums and its architecture
-            metrics = _evaluate_once(ckpt, data, target, options, loaded.weights_sha256)
+            weights, kind, arch = facts[name][i]
+            metrics = _evaluate_once(ckpt, data, target, key, kind, weights)
+            changed = first_set_difference(metrics["data"]["identity"], identity)
+            if changed is not None:  # the data was rewritten while the comparison ran
+                raise ValueError(f"--data {data} changed while loopvae compare ran ({changed}); rerun it so that "
+                                 "every checkpoint is evaluated on the same images")
             rows = sorted(json.loads((target / "per_image.json").read_text()), key=lambda r: (r["shard"], r["key"]))
-            arch = _architecture(ckpt, options.resolution, options.weights, loaded)
             evaluated[name].append(SeedEvaluation(ckpt, rows, arch, metrics["lpips"],
                                                   metrics["baseline"]["low_resolution"]))
-    from loopdata.transforms import describe_preprocessing, make_options
-
-    protocol = {"data": data, "resolution": options.resolution, "limit": options.limit, "weights": options.weights,
-                "preprocessing": describe_preprocessing(make_options("reconstruction", preprocess=options.preprocess),
-                                                        options.resolution)}
-    result = summarise(evaluated, options, protocol)
-    write_outputs(result, out)
-    return result
 
 
 def check_pairs(names: list[str], options: CompareOptions) -> None:
@@ -350,8 +521,9 @@ def render_markdown(result: dict[str, Any]) -> str:
         digits = 2 if c["metric"] == "psnr" else 4
         pv = "–" if c["p"] is None else f"{c['p']:.3g}"
         ph = "–" if c["p_holm"] is None else f"{c['p_holm']:.3g}"
+        test = c["test"] if c["ci"][0] is not None else "–"  # no interval (one checkpoint per arm): no test ran
         lines.append(f"| {c['a']} − {c['b']} | {c['metric']} | {c['diff']:+.{digits}f} | {_ci(c['ci'], digits)} | "
-                     f"{c['test']} | {c['n_a']} vs {c['n_b']} | {pv} | {ph} | **{c['verdict']}** |")
+                     f"{test} | {c['n_a']} vs {c['n_b']} | {pv} | {ph} | **{c['verdict']}** |")
     lines += ["", "## Per image (descriptive, no verdicts)", "",
               "Seed-averaged per-image differences with a t-interval over images: images are not replications of a "
               "training run, so these intervals describe where the difference lies, not whether it would survive "
@@ -369,7 +541,9 @@ def render_markdown(result: dict[str, Any]) -> str:
         for r in result["null_rows"]:
             lines.append(f"| {r['arm']} | `{r['a']}` − `{r['b']}` | {r['diff']:+.3f} | {_ci(r['ci'], 3)} | "
                          f"{'yes' if r['excludes_zero'] else 'no'} |")
-    lines += ["", "![PSNR against GMACs](compare.png)", ""]
+    lines += ["", "![PSNR against GMACs](compare.png)", "",
+              "Each arm's first checkpoint on the first images (centre crops; reference first):", "",
+              "![side by side](side_by_side.png)", ""]
     return "\n".join(lines)
 
 

@@ -58,6 +58,29 @@ class PatchGANDiscriminator(nn.Module):
         return self.net(x)
 
 
+def _weights_problem(err: BaseException) -> str:
+    """One line for a failed weights load: counts of missing / unexpected / misshapen tensors from
+    ``load_state_dict``'s message, else its first line."""
+    import re
+
+    text = str(err)
+    parts = []
+    for label, pattern in (("missing", r"Missing key\(s\) in state_dict: ([^\n]*)"),
+                           ("unknown", r"Unexpected key\(s\) in state_dict: ([^\n]*)")):
+        match = re.search(pattern, text)
+        if match:
+            keys = re.findall(r'"([^"]+)"', match.group(1))
+            parts.append(f"{len(keys)} tensors {label} (e.g. {keys[0]})" if keys else f"tensors {label}")
+    mismatched = len(re.findall(r"size mismatch for ", text))
+    if mismatched:
+        parts.append(f"{mismatched} tensors of another shape")
+    if parts:
+        return "; ".join(parts)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    first = lines[0] if lines else type(err).__name__
+    return first if len(first) <= 160 else first[:157] + "..."
+
+
 class DinoDiscriminator(nn.Module):
     """Frozen DINOv2-small backbone + trainable per-token heads on several of its blocks.
 
@@ -94,10 +117,16 @@ class DinoDiscriminator(nn.Module):
                 )
             from looprun.checkpoint import sha256_file
 
-            backbone = timm.create_model(
-                "vit_small_patch14_dinov2", pretrained=True,
-                pretrained_cfg_overlay=dict(file=str(weights_path)), **kwargs,
-            )
+            try:  # timm reads the file with torch.load(weights_only=True) or safetensors: no pickled code runs
+                backbone = timm.create_model(
+                    "vit_small_patch14_dinov2", pretrained=True,
+                    pretrained_cfg_overlay=dict(file=str(weights_path)), **kwargs,
+                )
+            except Exception as err:  # noqa: BLE001 - only the weights file varies here: name it, in one line
+                raise ValueError(
+                    f"dino_weights {weights_path}: not DINOv2-small weights ({_weights_problem(err)}); expected "
+                    "timm's vit_small_patch14_dinov2.lvd142m (.safetensors / .pth) or the original dinov2_vits14 .pth"
+                ) from None
             self.weights_sha256 = sha256_file(weights_path)
         self.backbone = backbone.eval().requires_grad_(False)
         self.feature_blocks = tuple(feature_blocks)

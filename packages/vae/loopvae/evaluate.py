@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,10 @@ from PIL import Image
 from tqdm import tqdm
 
 import loopdata
+from loopdata import one_line
+from loopdata.identity import data_identity
 from loopdata.keys import path_for_key
+from loopdata.shards import canonical_urls
 from loopdata.transforms import describe_preprocessing, make_options
 from looprun.checkpoint import OutputWriteError, is_write_failure, write_atomic, write_failure
 from looprun.distributed import (
@@ -32,6 +36,7 @@ from looprun.distributed import (
     reported_failure,
     sum_across_ranks,
 )
+from looprun.output_dir import prepare_output_dir
 from looprun.run_logger import setup_run_logging, teardown_run_logging
 from looprun.speed import prepare_for_speed, to_memory_format
 
@@ -115,35 +120,106 @@ def _save_png(array: torch.Tensor, path: Path) -> None:
 
 
 OUTPUT_SET = ("metrics.json", "per_image.json", "report.md", "grid.png", "images", "npz", "eval.log")
+# what the evaluation in a folder wrote there: the only entries of OUTPUT_SET a rerun removes
+OUTPUTS_RECORD = "eval-outputs.json"
+# the entries an evaluation writes into images/ and npz/ (besides hidden temporaries): how an older eval's folders are
+# recognised
+_FOLDER_LAYOUT = {"images": ("reconstruction", "reference"),
+                  "npz": ("reconstructions.npz", "references.npz", "keys.json")}
 
 
-def clear_previous_outputs(out: Path, keep_log: bool = False) -> None:
-    """Remove an earlier evaluation's files from ``out`` (metrics first), so a rerun never leaves a mix
-    (``keep_log``: all but ``eval.log``, after a failed write)."""
+def _looks_written_by_eval(path: Path, name: str) -> bool:
+    if name not in _FOLDER_LAYOUT:
+        return path.is_file() and not path.is_symlink()
+    return path.is_dir() and not path.is_symlink() and all(
+        child.name in _FOLDER_LAYOUT[name] or child.name.startswith(".") for child in path.iterdir())
+
+
+def owned_outputs(out: Path) -> set[str]:
+    """The entries of :data:`OUTPUT_SET` that an earlier evaluation in ``out`` recorded as its own
+    (:data:`OUTPUTS_RECORD`). An evaluation by an older loopvae kept no record: its ``metrics.json`` identifies it,
+    and its ``images/`` / ``npz/`` count only when they hold nothing but what eval writes there."""
+    record = out / OUTPUTS_RECORD
+    if record.is_file():
+        try:
+            names = json.loads(record.read_text())["outputs"]
+            if not isinstance(names, list):
+                raise TypeError("outputs is not a list")
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise ValueError(f"{record} is damaged ({one_line(err)}); it says which files of {out} an earlier "
+                             "`loopvae eval` wrote: remove them and it, or choose another --out") from None
+        return {n for n in names if n in OUTPUT_SET}
+    try:
+        old = json.loads((out / "metrics.json").read_text())
+    except (OSError, ValueError):
+        return set()
+    if not (isinstance(old, dict) and {"psnr", "weights_sha256", "baseline"} <= set(old)):
+        return set()
+    return {n for n in OUTPUT_SET if _looks_written_by_eval(out / n, n)}
+
+
+def remove_outputs(out: Path, names: Sequence[str], keep_log: bool = False) -> None:
+    """Remove the entries ``names`` (of :data:`OUTPUT_SET`) from ``out``, metrics first, so a rerun never leaves
+    a mix (``keep_log``: all but ``eval.log``, after a failed write). A symlink is removed, not followed."""
     for name in OUTPUT_SET:
-        if keep_log and name == "eval.log":
+        if name not in names or (keep_log and name == "eval.log"):
             continue
         path = out / name
-        if path.is_dir():
+        if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
-        elif path.exists():
+        elif path.exists() or path.is_symlink():
             path.unlink()
+
+
+def claim_outputs(out: Path, options: EvalOptions) -> list[str]:
+    """Make ``out`` ready for an evaluation: refuse it when it holds an entry of :data:`OUTPUT_SET` that no earlier
+    evaluation wrote (a user's ``images/``, ``report.md``, ...: eval never deletes those), remove the earlier
+    evaluation's outputs, and record in :data:`OUTPUTS_RECORD` the entries this one writes (returned)."""
+    owned = owned_outputs(out)
+    present = [n for n in OUTPUT_SET if (out / n).exists() or (out / n).is_symlink()]
+    foreign = [n for n in present if n not in owned]
+    if foreign:
+        shown = ", ".join(f"{n}/" if (out / n).is_dir() else n for n in foreign)
+        raise FileExistsError(
+            f"--out {out} already holds {shown}, which no earlier `loopvae eval` wrote there (no {OUTPUTS_RECORD} "
+            f"names it) and which an evaluation would replace: choose another --out or move "
+            f"{'it' if len(foreign) == 1 else 'them'} away")
+    remove_outputs(out, present)
+    names = [n for n in OUTPUT_SET if (n != "images" or options.save_images) and (n != "npz" or options.save_npz)]
+    write_atomic(out / OUTPUTS_RECORD, json.dumps({"written_by": "loopvae eval", "outputs": names}, indent=1))
+    return names
+
+
+def eval_settings(options: EvalOptions, kind: str, device: str) -> dict[str, Any]:
+    """Everything but the weights and the images that an evaluation's numbers depend on, recorded in
+    ``metrics.json`` as ``settings`` (``loopvae compare`` reuses an evaluation only when they are the same).
+    ``weights`` is ``ema`` / ``model`` for a training run directory (``kind`` ``run-checkpoint``), else
+    ``release``; ``device`` the device type the evaluation ran on."""
+    return {"resolution": options.resolution, "limit": options.limit, "batch_size": options.batch_size,
+            "num_workers": options.num_workers, "skip_corrupt": options.skip_corrupt,
+            "preprocess": options.preprocess, "lpips_net": options.lpips_net,
+            "lpips_random_backbone": options.lpips_random_backbone,
+            "weights": options.weights if kind == "run-checkpoint" else "release", "dtype": options.dtype,
+            "memory_format": options.memory_format, "compile": options.compile, "device": device}
 
 
 def evaluate(checkpoint: str | Path, data: str, out_dir: str | Path, options: EvalOptions) -> dict[str, Any]:
     """Evaluate and write ``metrics.json``, ``report.md``, ``grid.png`` (+ images) to ``out_dir``.
 
-    A rerun replaces the whole output set; every file is written atomically. Under torchrun a rank that
-    fails stops the others promptly with its message.
+    A rerun replaces the set an earlier evaluation wrote (listed in :data:`OUTPUTS_RECORD`); entries of that set
+    it did not write are never removed: the evaluation refuses to start (``FileExistsError``). Every file is
+    written atomically. An unwritable ``out_dir`` (read-only, no permission) is an ``OutputWriteError`` naming it.
+    Under torchrun a rank that fails stops the others promptly with its message.
     """
     ctx = init_distributed(options.device)
     out = Path(out_dir)
+    written: list[str] = []
     if ctx.is_main:
-        out.mkdir(parents=True, exist_ok=True)
-        clear_previous_outputs(out)
+        prepare_output_dir(out, "--out")
+        written = claim_outputs(out, options)
     setup_run_logging("loopvae", out, ctx.is_main, ctx.rank, log_file="eval.log")
     try:
-        return _evaluate(checkpoint, data, out, options, ctx)
+        return _evaluate(checkpoint, data, out, options, ctx, written)
     finally:
         teardown_run_logging("loopvae")
 
@@ -162,7 +238,11 @@ def build_lpips(options: EvalOptions, device: torch.device) -> tuple[PerceptualL
     return model.to(device), None
 
 
-def _evaluate(checkpoint: str | Path, data: str, out: Path, options: EvalOptions, ctx) -> dict[str, Any]:
+def _evaluate(checkpoint: str | Path, data: str, out: Path, options: EvalOptions, ctx,
+              written: Sequence[str] = OUTPUT_SET) -> dict[str, Any]:
+    # what the images are (shard sizes and times, folder file lists), taken before they are read: a comparison
+    # reuses this evaluation only while the data still has this identity
+    identity = data_identity(canonical_urls(data)) if ctx.is_main else None
     loaded: LoadedTokenizer = load_tokenizer(checkpoint, options.weights)
     model = prepare_for_speed(to_compute(loaded.model, ctx.device, options.dtype), options.memory_format,
                               options.compile)
@@ -221,6 +301,8 @@ def _evaluate(checkpoint: str | Path, data: str, out: Path, options: EvalOptions
                          key=lambda e: (e["shard"], e["key"]))
     metrics = _summarise(all_rows, rfid, fid_reason, loaded, lpips_model, fid_path, options, data, baseline_size,
                          lpips_reason)
+    metrics["data"]["identity"] = identity
+    metrics["settings"] = eval_settings(options, loaded.kind, ctx.device.type)
     # counted like the evaluated images: those met before --limit, named with the reason
     metrics["skipped_corrupt"] = len(all_skipped)
     metrics["skipped"] = all_skipped
@@ -235,7 +317,7 @@ def _evaluate(checkpoint: str | Path, data: str, out: Path, options: EvalOptions
         try:
             _write_outputs(out, all_rows, metrics, grid_ref, grid_rec)
         except OutputWriteError:
-            clear_previous_outputs(out, keep_log=True)  # nothing half-written: the set is complete or absent
+            remove_outputs(out, written, keep_log=True)  # nothing half-written: the set is complete or absent
             raise
     return metrics
 

@@ -23,6 +23,7 @@ from tqdm import tqdm
 import loopcore as lc
 import loopdata
 from looprun.checkpoint import write_atomic
+from looprun.output_dir import prepare_output_dir
 from looprun.plotting import plot_or_warn, pyplot
 from looprun.run_logger import setup_run_logging, teardown_run_logging
 from looprun.speed import prepare_for_speed, to_memory_format
@@ -197,16 +198,16 @@ def intervene(
     """
     from .evaluate import to_compute
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    # the checkpoint and the data are checked before --out is created: a failed start leaves no files
+    loaded = load_tokenizer(checkpoint, weights)
+    if not isinstance(loaded.model, LoopVAE):
+        raise ValueError(f"interventions need a LoopVAE; {checkpoint} is a {type(loaded.model).__name__}")
+    loader = loopdata.make_loader(data, task="reconstruction", train=False, batch_size=limit, num_workers=0,
+                                  resolution=resolution, rank=0, world_size=1)
+    out = prepare_output_dir(out_dir, "--out")
     setup_run_logging("loopvae", out, True, 0, log_file="intervene.log")
     try:
-        loaded = load_tokenizer(checkpoint, weights)
-        if not isinstance(loaded.model, LoopVAE):
-            raise ValueError(f"interventions need a LoopVAE; {checkpoint} is a {type(loaded.model).__name__}")
         model = prepare_for_speed(to_compute(loaded.model, device, dtype), memory_format)
-        loader = loopdata.make_loader(data, task="reconstruction", train=False, batch_size=limit, num_workers=0,
-                                      resolution=resolution, rank=0, world_size=1)
         images, keys = [], []
         for batch in loader:
             images.append(batch["image"])

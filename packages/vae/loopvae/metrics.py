@@ -9,7 +9,8 @@
 * LPIPS: the named net (``vgg`` or ``alex``) on the quantised images mapped back to [-1, 1].
 * rFID: torchmetrics ``FrechetInceptionDistance`` (torch-fidelity's InceptionV3, 2048-d pool
   features, ``antialias=False`` as torch-fidelity resizes), float64 running sums; weights from a
-  local file, never downloaded.
+  local file, read with ``torch.load(weights_only=True)`` (a crafted pickle is refused, never run), never
+  downloaded.
 * Interventions (the paper's protocol) score the float decoder output ``u`` on the [0, 1] scale, not
   uint8: clipped PSNR / SSIM on ``clip(u)``, raw PSNR / SSIM on ``u`` itself, the fraction of pixels
   with any channel outside [0, 1] and the clipping displacement ``mean |u - clip(u)|``. PSNR is capped
@@ -18,6 +19,8 @@
 
 from __future__ import annotations
 
+import functools
+import io
 import math
 from pathlib import Path
 
@@ -115,8 +118,97 @@ def default_inception_path() -> Path:
     return Path(torch.hub.get_dir()) / "checkpoints" / INCEPTION_FILE
 
 
+def _load_failure(err: BaseException) -> str:
+    """The reason in torch.load's message (its weights-only boilerplate dropped), one line."""
+    if isinstance(err, EOFError):
+        return "the file is empty or truncated"
+    lines = []
+    for line in str(err).splitlines():
+        line = line.strip()
+        if "WeightsUnpickler error:" in line:
+            line = line.split("WeightsUnpickler error:", 1)[1].strip()
+        if line and not line.startswith(("Weights only load failed", "Check the documentation")):
+            lines.append(line)
+    text = " ".join(lines) or type(err).__name__
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+def load_tensor_file(path: str | Path, what: str, expected: str) -> dict[str, torch.Tensor]:
+    """The ``{name: tensor}`` state dict in ``path``, read with ``torch.load(weights_only=True)``: a pickle that would
+    run code (or build objects other than tensors and containers) is refused, never executed.
+
+    ``ValueError`` naming ``what``, the file, the reason and the ``expected`` file when it is not a readable torch
+    file of a state dict (random bytes, a truncated file, a crafted pickle, a list)."""
+    path = Path(path)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - UnpicklingError, RuntimeError (not a zip file), EOFError, ...
+        raise ValueError(f"{what} {path}: not a torch file of plain tensors ({_load_failure(err)}); expected "
+                         f"{expected} (read with weights_only=True: pickled code is never run)") from None
+    if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                              for k, v in state.items()):
+        raise ValueError(f"{what} {path}: holds a {type(state).__name__}, not a state dict of named tensors; "
+                         f"expected {expected}")
+    return state
+
+
+def load_inception_state(path: str | Path) -> dict[str, torch.Tensor]:
+    """The tensors of an FID Inception weights file (:func:`load_tensor_file`)."""
+    return load_tensor_file(path, "FID Inception weights", f"torch-fidelity's {INCEPTION_FILE}")
+
+
+@functools.cache
+def _inception_class() -> type:
+    """torchmetrics' ``NoTrainInceptionV3`` whose ``load_state_dict`` names what is wrong with a weights file in one
+    line (missing, unknown and misshapen tensors) instead of listing ~470 keys (built on first use: importing
+    torchmetrics' FID imports torch-fidelity)."""
+    from torchmetrics.image.fid import NoTrainInceptionV3
+
+    class CheckedInceptionV3(NoTrainInceptionV3):
+        def __init__(self, weights_file: str, **kwargs) -> None:
+            object.__setattr__(self, "weights_file", weights_file)  # torch-fidelity loads inside __init__
+            super().__init__(**kwargs)
+
+        def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):  # type: ignore[override]
+            expected = super().state_dict()
+            missing = [k for k in expected if k not in state_dict]
+            unexpected = [k for k in state_dict if k not in expected]
+            wrong = [k for k in expected if k in state_dict and state_dict[k].shape != expected[k].shape]
+            problems = [f"{len(missing)} of its {len(expected)} tensors missing (e.g. {missing[0]})"] if missing else []
+            problems += [f"{len(unexpected)} unknown (e.g. {unexpected[0]})"] if unexpected else []
+            problems += [f"{len(wrong)} of another shape (e.g. {wrong[0]}: {tuple(state_dict[wrong[0]].shape)}, "
+                         f"expected {tuple(expected[wrong[0]].shape)})"] if wrong else []
+            if problems:
+                raise ValueError(f"FID Inception weights {self.weights_file}: not torch-fidelity's InceptionV3 state "
+                                 f"dict ({'; '.join(problems)}); expected {INCEPTION_FILE}")
+            return super().load_state_dict(state_dict, strict=strict, assign=assign)
+
+    return CheckedInceptionV3
+
+
+def build_inception(path: str | Path) -> torch.nn.Module:
+    """torchmetrics' ``NoTrainInceptionV3`` (torch-fidelity's InceptionV3, 2048-d pool features,
+    ``antialias=False``) with the weights of ``path``, read by :func:`load_inception_state`.
+
+    torch-fidelity itself reads a weights file with ``torch.load(weights_only=False)``, which runs whatever code a
+    crafted pickle holds; here it unpickles only the tensors read safely from ``path``, re-serialised in memory."""
+    state = load_inception_state(path)
+    buffer = io.BytesIO()
+    torch.save(state, buffer)  # tensors only: what torch-fidelity unpickles from it cannot run code
+    del state
+    buffer.seek(0)
+    net = _inception_class()(str(path), name="inception-v3-compat", features_list=["2048"],
+                             feature_extractor_weights_path=buffer, antialias=False)
+    net.num_features = 2048  # torchmetrics reads it instead of running a dummy image through the network
+    return net
+
+
 def build_fid(weights_path: str | Path | None) -> tuple[object | None, str | None, Path | None]:
-    """``(metric, unavailable_reason, weights_file)``; the metric is ``None`` when weights are missing."""
+    """``(metric, unavailable_reason, weights_file)``; the metric is ``None`` when weights are missing.
+
+    The weights are read with ``weights_only=True`` (:func:`build_inception`), also from the default
+    ``$TORCH_HOME/hub/checkpoints/`` path; a file that is not torch-fidelity's InceptionV3 state dict raises a
+    ``ValueError`` naming it."""
     path = Path(weights_path) if weights_path else default_inception_path()
     if not path.is_file():
         reason = (
@@ -126,7 +218,5 @@ def build_fid(weights_path: str | Path | None) -> tuple[object | None, str | Non
         return None, reason, None
     from torchmetrics.image.fid import FrechetInceptionDistance
 
-    fid = FrechetInceptionDistance(
-        feature=2048, normalize=False, feature_extractor_weights_path=str(path), antialias=False
-    )
+    fid = FrechetInceptionDistance(feature=build_inception(path), normalize=False)
     return fid, None, path

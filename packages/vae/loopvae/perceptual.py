@@ -73,14 +73,21 @@ class PerceptualLoss(nn.Module):
     def _load_backbone(self, path: Path) -> None:
         from looprun.checkpoint import sha256_file
 
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        from .metrics import load_tensor_file
+
+        expected = f"torchvision's {BACKBONE_FILES[self.net_name]}"
+        state = load_tensor_file(path, f"LPIPS-{self.net_name} backbone weights", expected)
         target = {}
-        for name in self.lpips.net.state_dict():
+        for name, tensor in self.lpips.net.state_dict().items():
             # lpips keeps torchvision's feature indices: "slice2.5.weight" <- "features.5.weight"
             _, index, kind = name.split(".")
             source = f"features.{index}.{kind}"
             if source not in state:
-                raise ValueError(f"{path} is not a torchvision {self.net_name} state dict: {source} is missing")
+                raise ValueError(f"LPIPS-{self.net_name} backbone weights {path}: not a torchvision "
+                                 f"{self.net_name} state dict ({source} is missing); expected {expected}")
+            if state[source].shape != tensor.shape:
+                raise ValueError(f"LPIPS-{self.net_name} backbone weights {path}: {source} has shape "
+                                 f"{tuple(state[source].shape)}, expected {tuple(tensor.shape)}; expected {expected}")
             target[name] = state[source]
         self.lpips.net.load_state_dict(target)
         self.weights_sha256 = sha256_file(path)
