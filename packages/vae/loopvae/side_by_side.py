@@ -27,8 +27,8 @@ def side_by_side(checkpoints: dict[str, str], data: str, out: str | Path, resolu
                  ) -> Path:
     """Write ``out`` (a PNG): for the first ``max_images`` images of ``data`` (in the evaluation order), the
     reference and each model's reconstruction (posterior mode / deterministic latent), centre-cropped to
-    ``crop`` pixels (at most the resolution) of the ``resolution``² input; labelled columns in the order of ``checkpoints``
-    (``{label: --checkpoint path}``). Runs on the CPU. Returns ``out``."""
+    ``crop`` pixels (at most the resolution) of the ``resolution``² input; labelled columns in the order of
+    ``checkpoints`` (``{label: --checkpoint path}``). Runs on the CPU. Returns ``out``."""
     import loopdata
 
     from .autoencoders import reconstruct_mode
