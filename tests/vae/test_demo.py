@@ -29,6 +29,13 @@ def test_demo_evaluates_intervenes_and_profiles_the_bundled_model(tmp_path: Path
     # the report names the model of every section and shows the bundled model's numbers
     assert "assets/models/loopvae-cnn-tiny" in text and "## Loop interventions (bundled model)" in text
     assert f"| bundled LoopVAE tiny (f8, 16 latent channels) | 0.250 | {metrics['psnr']:.2f} |" in text
+    # the bundled model beside the tuned references bundled with it: compare's table and its picture
+    comparison = json.loads((out / "compare" / "compare.json").read_text())
+    assert [a["name"] for a in comparison["arms"]] == ["loopvae", "klvae-tiny-w32-attn", "dcae-tiny"]
+    for arm in comparison["arms"]:
+        assert f"| {arm['psnr']:.2f} | {arm['ssim']:.4f} |" in text
+    assert (out / "compare" / "side_by_side.png").is_file() and "compare/side_by_side.png" in text
+    assert "flux-vae-tiny" not in text  # the untuned reference is not the demo's yardstick any more
     decoder_2x = next(s for s in interventions["stages"] if s["branch"] == "decoder" and s["scale"] == "2x")
     assert " → ".join(f"{p['psnr']:.2f}" for p in decoder_2x["prefix"]) in text
     # rerunning reuses the finished training run (the demo's own train phase, called again; the other phases
