@@ -132,8 +132,17 @@ def main() -> int:
     parser.add_argument("--docs", default="docs/study_loopvae", help="folder for references.json")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--study", default="docs/study_fair", help="the study's result folder (the searches' picks)")
+    parser.add_argument("--cards-only", action="store_true",
+                        help="rewrite the bundled references' README.md from references.json and stop (no training)")
     args = parser.parse_args()
     sf.DOCS, sf.RESULTS = Path(args.study), Path(args.study) / "runs"
+    if args.cards_only:
+        recorded = json.loads((Path(args.docs) / "references.json").read_text())["references"]
+        for name, r in recorded.items():
+            if r.get("bundled"):
+                write_card(Path(args.bundle_dir or "assets/models") / name, r)
+                print(f"card rewritten: {Path(args.bundle_dir or 'assets/models') / name / 'README.md'}")
+        return 0
     from loopdata.assets import portable_text
     from looprun.checkpoint import sha256_file
     from looprun.release import release_weights_file

@@ -67,6 +67,14 @@ def test_presets_are_listed_from_the_configs_folders() -> None:
     assert tuple(int(v) for v in DEFAULT_STEPS_TEXT.split(",")) == srvit.evaluate.DEFAULT_STEPS
 
 
+def test_lazy_packages_reach_their_submodules_as_attributes() -> None:
+    assert _fresh("import loopvae\nprint(loopvae.loading.load_tokenizer.__name__, loopvae.autoencoders.__name__)"
+                  ).split() == ["load_tokenizer", "loopvae.autoencoders"]
+    assert _fresh("import srvit\nprint(srvit.evaluate.DEFAULT_STEPS)").strip() == "(3, 6, 12, 24, 48)"
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        __import__("loopvae").nope  # noqa: B018
+
+
 def test_lazy_packages_still_register_with_diffusers_and_timm() -> None:
     folder = ROOT / "assets/models/loopvae-cnn-tiny"
     # loopvae first, diffusers after: the registration happens when diffusers loads

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import tarfile
 from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -103,6 +105,21 @@ def _check_sample(sample: dict[str, Any], decode: bool, result: ShardCheck, max_
                 result.problems.append(f"{key}: .cls says {label} but .json label says {meta['label']}")
 
 
+def unkeyed_members(path: str | os.PathLike) -> list[str]:
+    """Regular members of the tar ``path`` that webdataset's key split (``base_plus_ext``: key = the name up to its
+    first '.') silently drops, so every reader ignores them: ``.hidden.png``, ``dir/.x.png``, ``README``. Metadata
+    members (``__name__``) are skipped by design and not listed. Reads the headers only."""
+    dropped = []
+    with tarfile.open(path) as tar:
+        for member in tar:
+            name = member.name
+            if not member.isreg() or re.match(r"__[^/]*__($|/)", name):
+                continue
+            if not re.match(r"^((?:.*/|)[^.]+)[.]([^/]*)$", name):
+                dropped.append(name)
+    return dropped
+
+
 def check_shard(
     url: str, decode: bool = True, info_entry: dict[str, Any] | None = None, max_pixels: int | None = None
 ) -> ShardCheck:
@@ -129,6 +146,18 @@ def check_shard(
             _check_sample(sample, decode, result, max_pixels)
     except ShardReadError as exc:
         result.problems.append(f"damaged tar after {result.num_samples} samples: {exc}")
+    else:
+        unseen: list[str] = []
+        try:
+            if is_local(url):
+                unseen = unkeyed_members(local_path(url))
+        except (tarfile.TarError, OSError) as exc:
+            result.problems.append(f"cannot list the tar's members: {exc}")
+        if unseen:
+            result.problems.append(
+                f"{len(unseen)} member(s) that no reader sees, having no sample key (a name that starts with '.' or "
+                f"has no extension): {unseen[:5]}; rename them (e.g. x.png, not .x.png) and rewrite the shard"
+            )
     if result.decode_failures:
         shown = ", ".join(f["key"] for f in result.decode_failures[:5])
         result.problems.append(f"{len(result.decode_failures)} sample(s) fail to decode: {shown}")

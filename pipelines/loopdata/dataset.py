@@ -208,7 +208,7 @@ class ShardDataset(IterableDataset):
     def _load(self, url: str, sample: dict[str, Any], seed: int | None) -> _Item:
         data, label = self._parse(url, sample)
         try:
-            image = decode_image(data, self.transforms.draft_size, self.max_pixels)
+            image = decode_image(data, self.transforms.draft_size, self.max_pixels, self.transforms.resize_side)
         except DecodeError as exc:
             raise _Corrupt(str(exc)) from None
         if seed is None:
@@ -225,7 +225,7 @@ class ShardDataset(IterableDataset):
         """
         data, _ = self._parse(url, sample)
         try:
-            decode_pil(data, 1, self.max_pixels)
+            decode_pil(data, 1, self.max_pixels, self.transforms.resize_side)
         except DecodeError as exc:
             raise _Corrupt(str(exc)) from None
 

@@ -65,9 +65,21 @@ class DecodeError(ValueError):
     larger than the pixel limit...)."""
 
 
-def open_image(data: bytes, max_pixels: int | None = None) -> Image.Image:
+def resized_size(width: int, height: int, side: int) -> tuple[int, int]:
+    """``(width, height)`` after resizing the shorter side to ``side`` (aspect ratio kept), as torchvision's
+    ``Resize(side)`` computes it."""
+    short, long = min(width, height), max(width, height)
+    long = int(side * long / short)
+    return (side, long) if width <= height else (long, side)
+
+
+def open_image(data: bytes, max_pixels: int | None = None, resize_side: int | None = None) -> Image.Image:
     """Open (lazily) an image from bytes, raising :class:`DecodeError` for empty or non-image data and for
-    images with more than ``max_pixels`` pixels (default :func:`default_max_pixels`), read from the header."""
+    images with more than ``max_pixels`` pixels (default :func:`default_max_pixels`), read from the header.
+
+    ``resize_side``: the shorter side the caller will resize the image to (before its crop). The resized image
+    must fit the same limit: a 1 KB PNG of 1,000,000 x 1 pixels passes the decoded-pixel limit, but resized to a
+    shorter side of 256 it would be 256 x 256,000,000 pixels (196 GB as float32)."""
     if not data:
         raise DecodeError("empty image member (0 bytes)")
     try:
@@ -90,6 +102,15 @@ def open_image(data: bytes, max_pixels: int | None = None) -> Image.Image:
             f"{img.format} image of {width}x{height} = {width * height:,} pixels exceeds the limit of {limit:,} "
             f"(decompression-bomb guard; raise it with max_pixels= or {MAX_PIXELS_ENV} if the image is genuine)"
         )
+    if resize_side is not None and width > 0 and height > 0:
+        new_width, new_height = resized_size(width, height, resize_side)
+        if new_width * new_height > limit:
+            raise DecodeError(
+                f"{img.format} image of {width}x{height} (aspect ratio {max(width, height) / min(width, height):,.0f}"
+                f":1) would be resized to {new_width}x{new_height} = {new_width * new_height:,} pixels (shorter side "
+                f"{resize_side}), over the limit of {limit:,} (decompression-bomb guard; raise it with max_pixels= or "
+                f"{MAX_PIXELS_ENV} if the image is genuine)"
+            )
     return img
 
 
@@ -161,7 +182,8 @@ def to_rgb(img: Image.Image) -> Image.Image:
     return img.convert("RGB")
 
 
-def decode_pil(data: bytes, min_size: int | None = None, max_pixels: int | None = None) -> Image.Image:
+def decode_pil(data: bytes, min_size: int | None = None, max_pixels: int | None = None,
+               resize_side: int | None = None) -> Image.Image:
     """Decode image bytes to an RGB PIL image.
 
     Args:
@@ -169,6 +191,8 @@ def decode_pil(data: bytes, min_size: int | None = None, max_pixels: int | None 
         min_size: if given, a JPEG may be decoded at reduced scale (draft mode) provided its shorter side
             stays >= ``min_size``. ``None`` decodes at full resolution.
         max_pixels: pixel limit (see :func:`open_image`).
+        resize_side: the shorter side the image will be resized to; the resized image must fit ``max_pixels``
+            too (see :func:`open_image`).
 
     Returns:
         An RGB image (8 bit per channel), upright: the EXIF orientation is applied (:func:`upright`).
@@ -176,7 +200,7 @@ def decode_pil(data: bytes, min_size: int | None = None, max_pixels: int | None 
     Raises:
         DecodeError: empty, unrecognised, truncated, oversized or otherwise undecodable bytes.
     """
-    img = open_image(data, max_pixels)
+    img = open_image(data, max_pixels, resize_side)
     if min_size is not None and img.format == "JPEG":
         img.draft("RGB", draft_request(*img.size, min_size))
     try:
@@ -190,13 +214,14 @@ def decode_pil(data: bytes, min_size: int | None = None, max_pixels: int | None 
         raise DecodeError(f"corrupt or truncated {img.format} data: {exc}") from exc
 
 
-def decode_image(data: bytes, min_size: int | None = None, max_pixels: int | None = None) -> torch.Tensor:
+def decode_image(data: bytes, min_size: int | None = None, max_pixels: int | None = None,
+                 resize_side: int | None = None) -> torch.Tensor:
     """Decode image bytes to a ``torch.uint8`` tensor of shape (3, H, W), values in [0, 255].
 
     See :func:`decode_pil` for ``min_size`` (JPEG draft decoding) and the errors raised. The tensor is a
     channels-last view (strides H*W*3 -> 1), which torchvision's uint8 resize kernels process fastest.
     """
-    return TF.pil_to_tensor(decode_pil(data, min_size, max_pixels))
+    return TF.pil_to_tensor(decode_pil(data, min_size, max_pixels, resize_side))
 
 
 def image_size(data: bytes, max_pixels: int | None = None) -> tuple[int, int, str]:

@@ -62,16 +62,41 @@ def first_difference(recorded: dict[str, Any], current: dict[str, Any]) -> str |
                 if a != b:
                     if a[0] != b[0]:
                         return f"{url}: file {i + 1} was {a[0]!r}, now {b[0]!r} (files renamed, added or removed)"
-                    what = "size" if a[1] != b[1] else "modification time"
-                    return f"{url}: {a[0]!r} changed ({what}: {a[1:]} then, {b[1:]} now)"
+                    if a[1] != b[1]:
+                        return f"{url}: {a[0]!r} changed (size: {a[1:]} then, {b[1:]} now)"
+                    return (f"{url}: {a[0]!r}: its modification time moved ({a[2]} then, {b[2]} now), its size "
+                            f"did not ({a[1]} bytes)")
             return f"{url}: {len(old)} files then, {len(new)} now"
         return (f"{url}: its files changed ({recorded.get('count')} files {recorded.get('first')!r} .. "
                 f"{recorded.get('last')!r} then, {current.get('count')} files {current.get('first')!r} .. "
                 f"{current.get('last')!r} now)")
-    for key, what in (("size", "size"), ("mtime_ns", "modification time")):
-        if key in recorded and recorded[key] != current.get(key):
-            return f"{url}: the shard changed ({what} {recorded[key]} then, {current.get(key)} now)"
+    if "size" in recorded and recorded["size"] != current.get("size"):
+        return f"{url}: the shard changed (size {recorded['size']} then, {current.get('size')} now)"
+    if "mtime_ns" in recorded and recorded["mtime_ns"] != current.get("mtime_ns"):
+        return (f"{url}: its modification time moved ({recorded['mtime_ns']} then, {current.get('mtime_ns')} now), "
+                f"its size did not ({recorded.get('size')} bytes)")
     return None
+
+
+def _without_mtimes(identity: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in identity.items() if k not in ("mtime_ns", "digest")}
+    if "files" in out:
+        out["files"] = [list(f[:2]) for f in out["files"]]
+    return out
+
+
+def only_mtimes_differ(recorded: Sequence[dict[str, Any]], current: Sequence[dict[str, Any]]) -> bool:
+    """Whether two *full* :func:`data_identity` lists (``compact=False``) differ in modification times alone: the
+    same shards and files, in the same order, with the same sizes (a copy without ``-p``, a restore, a ``touch``).
+    ``False`` when a folder chunk's file list is missing (a compact identity cannot tell)."""
+    if len(recorded) != len(current):
+        return False
+    for old, new in zip(recorded, current):
+        if ("digest" in old or "digest" in new) and ("files" not in old or "files" not in new):
+            return False
+        if _without_mtimes(old) != _without_mtimes(new):
+            return False
+    return True
 
 
 def first_set_difference(recorded: Sequence[dict[str, Any]], current: Sequence[dict[str, Any]]) -> str | None:

@@ -133,6 +133,10 @@ def read_metadata(source: str | Path) -> dict[str, Any]:
     shards, counts = meta["shards"], meta.get("shard_counts")
     if not isinstance(shards, list) or not all(isinstance(n, str) and n for n in shards):
         raise ValueError(f"{meta_path}: shards is {shards!r}; expected a list of shard file names")
+    outside = [n for n in shards if n in (".", "..") or "/" in n or "\0" in n]
+    if outside:
+        raise ValueError(f"{meta_path}: shards lists {outside[0]!r}, which is not a plain file name in the folder: a "
+                         "latent set's shards live next to its latents.json (no paths); fix the entry or re-encode")
     if counts is not None and (not isinstance(counts, list) or len(counts) != len(shards)
                                or not all(isinstance(c, int) and c >= 0 for c in counts)):
         raise ValueError(f"{meta_path}: shard_counts is {counts!r}; expected one count per shard ({len(shards)})")
@@ -340,8 +344,9 @@ class LatentDataset(IterableDataset):
             return
         if len(self.urls) < slots:
             raise ValueError(f"{len(self.urls)} latent shard(s) cannot feed {self.world_size} rank(s) x {workers} "
-                             "worker(s) disjoint shards; write more shards (loopvae encode --max-count) or use fewer "
-                             "workers")
+                             "worker(s) disjoint shards in training: pass num_workers=0 (or fewer workers), or encode "
+                             "more shards (loopvae encode writes one latent shard per input shard: split the images "
+                             "with loopdata write --max-count N first)")
         rng = random.Random(f"{self.seed}-{self.epoch}-{slot}")
         order = self._order()
         budget = self.samples_per_slot(slots)

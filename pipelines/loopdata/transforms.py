@@ -264,6 +264,9 @@ class TaskTransforms:
         erase: optional per-image RandomErasing on the normalised float images (training).
         batch: optional ``(images (N, 3, R, R), labels int64 (N,)) -> (images, soft labels (N, K))``.
         draft_size: the shorter side JPEG draft decoding must keep (``None``: decode at full size).
+        resize_side: the largest shorter side the sample transform resizes a whole image to (``None``: it never
+            resizes a whole image, e.g. RandomResizedCrop); decoding refuses images whose resized size would
+            exceed the pixel limit (a 1,000,000 x 1 PNG).
         needs_label: every sample must carry a label (classification).
         num_classes: labels must lie in ``[0, num_classes)`` when set.
     """
@@ -276,6 +279,7 @@ class TaskTransforms:
     needs_label: bool = False
     num_classes: int | None = None
     options: object = field(default=None)
+    resize_side: int | None = None
 
 
 def build_transforms(
@@ -311,7 +315,8 @@ def _reconstruction(train: bool, res: int, opt: ReconstructionOptions) -> TaskTr
     else:
         steps = [v2.Resize(res, interpolation=BICUBIC, antialias=True), v2.CenterCrop(res)]
         draft = res
-    return TaskTransforms(v2.Compose(steps), half, draft_size=draft if opt.draft else None, options=opt)
+    return TaskTransforms(v2.Compose(steps), half, draft_size=draft if opt.draft else None, options=opt,
+                          resize_side=round(res * hi) if train else res)
 
 
 PREPROCESSING = ("resize-crop", "adm")
@@ -374,6 +379,7 @@ def _classification(train: bool, res: int, opt: ClassificationOptions) -> TaskTr
             needs_label=True,
             num_classes=opt.num_classes,
             options=opt,
+            resize_side=resize_to,
         )
     if opt.protocol == "cifar":
         # CIFAR images are already res x res; resizing first makes other sizes follow the same recipe.
@@ -399,7 +405,8 @@ def _classification(train: bool, res: int, opt: ClassificationOptions) -> TaskTr
     # value="random": per-pixel N(0, 1) noise in normalised space, DeiT's "pixel" erasing mode.
     erase = v2.RandomErasing(p=opt.random_erasing, value="random") if opt.random_erasing > 0 else None
     batch = MixBatch(opt) if opt.mixing else None
-    return TaskTransforms(v2.Compose(steps), norm, erase, batch, draft, True, opt.num_classes, options=opt)
+    return TaskTransforms(v2.Compose(steps), norm, erase, batch, draft, True, opt.num_classes, options=opt,
+                          resize_side=res if opt.protocol == "cifar" else None)
 
 
 class MixBatch:

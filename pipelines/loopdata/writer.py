@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import tarfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -269,28 +270,40 @@ def write_shards(
             f"{out} already holds {len(old)} shard(s) named {prefix}-*.tar; "
             "pass --overwrite or use another --prefix"
         )
-    for path in old:
-        path.unlink()
     skipped_file = out / f"{prefix}_skipped.txt"
-    skipped_file.unlink(missing_ok=True)
 
-    with TarShardWriter(out, prefix, max_count=max_count, max_size=max_size) as writer:
-        for done, item in enumerate(items, start=1):
-            members, reason = _prepare(item, verify)
-            if members is None:
-                skipped.append(Skipped(item.relpath, reason or "unusable"))
-                logger.warning("loopdata write: left out %s: %s", item.path, reason)
-            else:
-                writer.add(item.key, members)
-            if progress is not None:
-                progress(done, len(items))
-    records = writer.records
-    if not records:
-        raise ValueError(f"no usable images under {root} ({len(skipped)} file(s) skipped)")
+    # The new shards go to a staging folder first: the old ones (and _info.json) are replaced only once the whole
+    # write succeeded, so a failed --overwrite (no usable image, a crash, a full disk) leaves the old set as it was.
+    staging = out / f".tmp-write-{prefix}-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        with TarShardWriter(staging, prefix, max_count=max_count, max_size=max_size) as writer:
+            for done, item in enumerate(items, start=1):
+                members, reason = _prepare(item, verify)
+                if members is None:
+                    skipped.append(Skipped(item.relpath, reason or "unusable"))
+                    logger.warning("loopdata write: left out %s: %s", item.path, reason)
+                else:
+                    writer.add(item.key, members)
+                if progress is not None:
+                    progress(done, len(items))
+        staged = writer.records
+        if not staged:
+            raise ValueError(f"no usable images under {root} ({len(skipped)} file(s) skipped)"
+                             + (f"; the {len(old)} existing {prefix}-*.tar shard(s) in {out} are kept" if old else ""))
+        entry = split_entry(split or prefix, [r.path for r in staged], [r.num_samples for r in staged])
+        records = [ShardRecord(out / r.path.name, r.num_samples) for r in staged]
+        for record, staged_record in zip(records, staged):
+            os.replace(staged_record.path, record.path)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    new_names = {r.path.name for r in records}
+    for path in old:  # shards of the earlier write beyond the new count, and its leftovers
+        if path.name not in new_names:
+            path.unlink(missing_ok=True)
+    skipped_file.unlink(missing_ok=True)
     if skipped:
-        out.mkdir(parents=True, exist_ok=True)
         skipped_file.write_text("".join(f"{s.path}\t{s.reason}\n" for s in skipped))
-    entry = split_entry(split or prefix, [r.path for r in records], [r.num_samples for r in records])
     if names:
         entry["num_classes"] = len(names)
         entry["class_names"] = names

@@ -71,3 +71,28 @@ def test_dotted_keys_merge_nest_and_apply_in_order() -> None:
 def test_bad_dotted_keys_name_the_key(pairs: list[str], match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         apply_updates(Schema(extra={"a": 1}), parse_overrides(pairs), "--set")
+
+
+def test_yaml_that_does_not_parse_is_one_line_naming_the_file_or_pair(tmp_path, capsys) -> None:
+    from looprun.config import load_yaml
+    from loopvae.cli import main as loopvae_main
+    from srvit.cli import main as srvit_main
+
+    with pytest.raises(ConfigError, match=r"--set betas=\[0\.9,: the value is not valid YAML \(line 1, column \d+: "):
+        parse_overrides(["betas=[0.9,"])
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("lr: 1\nmodel: [unclosed\n")
+    with pytest.raises(ConfigError, match=rf"config file {bad} is not valid YAML: line 3, column 1: "):
+        load_yaml(bad)
+    tagged = tmp_path / "tag.yaml"
+    tagged.write_text('lr: !!python/object/apply:os.system ["true"]\n')
+    with pytest.raises(ConfigError, match=rf"config file {tagged}: line 1, column 5: .*tags that build Python "
+                                          "objects are refused"):
+        load_yaml(tagged)
+    for main, argv in ((loopvae_main, ["train", "--config", str(bad)]), (srvit_main, ["train", "--config", str(bad)]),
+                       (loopvae_main, ["train", "--config", "tiny-stage1", "--set", "betas=[0.9,"])):
+        capsys.readouterr()
+        assert main([*argv, "--data", "d.tar", "--out", str(tmp_path / "out")]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err and "line " in err, err
+    assert not (tmp_path / "out").exists()

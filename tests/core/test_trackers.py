@@ -29,9 +29,10 @@ def test_wandb_offline_run_logs_the_same_scalars_and_images(tmp_path: Path, monk
     for key in ("train/total", "train/l1", "train/kl", "train/images_per_s", "max_steps", "tracker"):
         assert key.encode() in records, key
     assert list((runs[0] / "files" / "media" / "images" / "reconstruction").glob("top_input_bottom_output_2_*.png"))
-    # a resume continues the same W&B run id (derived from the run folder)
+    # a resume continues the same W&B run id (stored in the run folder when the run started)
+    run_id = (out / "wandb_run_id").read_text().strip()
     assert _train(out, "tracker=wandb", "max_steps=3") == 0
-    assert len({p.name.rsplit("-", 1)[-1] for p in (out / "wandb").glob("offline-run-*")}) == 1
+    assert {p.name.rsplit("-", 1)[-1] for p in (out / "wandb").glob("offline-run-*")} == {run_id}
 
 
 def test_tracker_none_writes_no_events_and_a_bad_tracker_is_refused_early(tmp_path: Path, capsys) -> None:
@@ -58,3 +59,21 @@ def test_a_missing_wandb_package_is_named(tmp_path: Path, monkeypatch, capsys) -
     assert _train(tmp_path / "run", "tracker=wandb") == 2
     assert "pip install 'loopvision[wandb]'" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
+
+
+def test_a_new_run_in_a_reused_folder_gets_its_own_wandb_run_id(tmp_path: Path) -> None:
+    """The W&B id is drawn when a run starts from step 0 and stored in the folder; a resume reads it back. It used
+    to be the hash of the folder path, so an unrelated run at the same path continued the old W&B run."""
+    import hashlib
+
+    from looprun.trackers import WANDB_ID_FILE, wandb_run_id
+
+    run = tmp_path / "run"
+    run.mkdir()
+    first = wandb_run_id(run, resumed=False)
+    assert (run / WANDB_ID_FILE).read_text().strip() == first
+    assert wandb_run_id(run, resumed=True) == first  # a resume continues it
+    second = wandb_run_id(run, resumed=False)  # a fresh run in the same folder (its old checkpoints deleted)
+    assert second != first and wandb_run_id(run, resumed=True) == second
+    (run / WANDB_ID_FILE).unlink()  # a run started before ids were stored resumes with the id it had then
+    assert wandb_run_id(run, resumed=True) == hashlib.sha1(str(run.resolve()).encode()).hexdigest()[:16]

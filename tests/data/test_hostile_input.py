@@ -117,3 +117,54 @@ def test_a_process_whose_loader_fails_exits_although_workers_ignore_sigterm(tmp_
     assert proc.returncode == 1
     expected = "consumer failed" if case == "consumer raises" else "sample 'broken'"
     assert expected in proc.stderr, proc.stderr[-2000:]
+
+
+def _wide_png(width: int, height: int = 1) -> bytes:
+    out = io.BytesIO()
+    Image.new("L", (width, height)).save(out, "PNG", optimize=True)  # a few hundred bytes, width*height pixels
+    return out.getvalue()
+
+
+def test_an_image_whose_resize_would_exceed_the_pixel_limit_is_refused_like_a_bomb(tmp_path: Path) -> None:
+    """A 1,000,000 x 1 PNG holds 1 Mpx (under the limit) but, resized to a shorter side of 256 before the crop,
+    would be 256 x 256,000,000 pixels: refused from its header, counted in training, named in evaluation."""
+    wide = _wide_png(1_000_000)
+    assert len(wide) < 5_000 and decode_image(wide).shape == (3, 1, 1_000_000)  # no resize planned: 1 Mpx is fine
+    with pytest.raises(DecodeError, match=r"1000000x1 \(aspect ratio 1,000,000:1\) would be resized to "
+                                          r"256000000x256 = 65,536,000,000 pixels \(shorter side 256\)"):
+        decode_image(wide, resize_side=256)
+    # the loaders pass their resize target; a small limit keeps this test cheap even without the guard
+    small = _wide_png(4000)  # at resolution 16 (train: shorter side 16) -> 64000x16 = 1,024,000 pixels
+    samples = [(f"img{i}", {"jpg": jpeg(32, 32, seed=i)}) for i in range(4)] + [("wide", {"png": small})]
+    shard = write_shard(tmp_path / "wide-000000.tar", samples)
+    train = loopdata.make_loader(shard, train=True, batch_size=1, num_workers=0, resolution=16, max_pixels=500_000)
+    keys = [k for batch in train for k in batch["key"]]
+    assert "wide" not in keys and train.corrupt_count >= 1
+    with pytest.raises(loopdata.CorruptSampleError, match=r"sample 'wide': PNG image of 4000x1 .* would be resized"):
+        list(loopdata.make_loader(shard, train=False, batch_size=2, num_workers=0, resolution=16, max_pixels=500_000))
+    skipped = loopdata.make_loader(shard, train=False, batch_size=2, num_workers=0, resolution=16,
+                                   max_pixels=500_000, skip_corrupt=True)
+    assert [k for b in skipped for k in b["key"]] == [f"img{i}" for i in range(4)] and skipped.corrupt_count == 1
+    # the same image under a limit its resized size fits is read as before
+    assert len([k for b in loopdata.make_loader(shard, train=False, batch_size=5, num_workers=0, resolution=16,
+                                                max_pixels=2_000_000) for k in b["key"]]) == 5
+
+
+def test_a_member_no_reader_sees_is_reported_by_the_checker(tmp_path: Path) -> None:
+    """webdataset drops members without a key (``.hidden.png``: the key would be empty; ``README``: no extension);
+    every reader silently ignores them, so `loopdata check` names them instead of saying OK."""
+    shard = _raw_shard(tmp_path / "dots-000000.tar", {".hidden.png": jpeg(32, 32), "x.jpg": jpeg(32, 32, seed=1),
+                                                      ".y.jpg": jpeg(32, 32, seed=2), "README": b"notes",
+                                                      "__meta__": b"skipped by design"})
+    loader = loopdata.make_loader(shard, train=False, batch_size=4, num_workers=0, resolution=16)
+    assert [k for b in loader for k in b["key"]] == ["x"]  # what every reader sees
+    report = check_shards([shard])
+    assert not report.ok
+    (problem,) = [p for p in report.shards[0].problems if "no reader sees" in p]
+    assert "3 member(s)" in problem and all(n in problem for n in (".hidden.png", ".y.jpg", "README"))
+    assert "__meta__" not in problem
+    from loopdata.cli import main as loopdata_main
+
+    assert loopdata_main(["check", shard, "--no-progress"]) != 0
+    clean = _raw_shard(tmp_path / "clean-000000.tar", {"x.jpg": jpeg(32, 32, seed=1), "y.jpg": jpeg(32, 32)})
+    assert check_shards([clean]).ok

@@ -123,3 +123,32 @@ def test_symlinked_class_folders_are_followed_and_broken_or_looping_links_named(
     assert "cat/gone.jpg" in caplog.text and "dog/again" in caplog.text
     assert sum(len(b["key"]) for b in _batches(str(root), num_workers=0)) == 5
     assert [item.relpath for item in scan_classes(root)[0]] == [i.relpath for i in images]  # loopdata write
+
+
+def test_an_identity_whose_times_alone_moved_is_told_apart_from_other_data(tmp_path: Path) -> None:
+    """A copy without -p or a `touch` moves modification times only: ``only_mtimes_differ`` says so (and the
+    difference is worded as a moved time, not as changed data); a size, a name or a file count is other data."""
+    import os
+
+    from loopdata.identity import data_identity, first_set_difference, only_mtimes_differ
+
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    for i in range(3):
+        (folder / f"im{i}.jpg").write_bytes(jpeg(seed=i))
+    shard = tmp_path / "s.tar"
+    with tarfile.open(shard, "w"):
+        pass
+    urls = [*folder_chunk_urls(folder), str(shard)]
+    before = data_identity(urls, compact=False)
+    for path in (folder / "im1.jpg", shard):
+        os.utime(path, ns=(1_000_000_000, 1_000_000_000))
+    after = data_identity(urls, compact=False)
+    difference = first_set_difference(before, after)
+    assert "'im1.jpg': its modification time moved" in difference and "its size did not" in difference
+    assert only_mtimes_differ(before, after)
+    assert not only_mtimes_differ(data_identity(urls), data_identity(urls))  # compact lists cannot tell files apart
+    (folder / "im2.jpg").write_bytes(jpeg(seed=9) + b"x")  # other content, other size
+    assert not only_mtimes_differ(before, data_identity(urls, compact=False))
+    (folder / "im3.jpg").write_bytes(jpeg(seed=3))  # one more file
+    assert not only_mtimes_differ(before, data_identity([*folder_chunk_urls(folder), str(shard)], compact=False))

@@ -259,3 +259,45 @@ def test_benchmark_script_runs_and_reports_the_ratio(tmp_path, monkeypatch):
     )
     text = out.read_text()
     assert "Decode throughput ratio" in text and "| baseline: PIL" in text
+
+
+def test_a_failed_overwrite_keeps_the_old_shards_and_a_good_one_replaces_them(tmp_path):
+    """`write --overwrite` stages the new shards and replaces the old set only once the write succeeded: a source
+    with no usable image leaves the old shards, _info.json and the check as they were."""
+    src, bad, out = tmp_path / "src", tmp_path / "bad", tmp_path / "out"
+    src.mkdir()
+    bad.mkdir()
+    for i in range(3):
+        (src / f"im{i}.jpg").write_bytes(jpeg(seed=i))
+    (bad / "x.png").write_bytes(b"not an image")
+    first = write_shards(src, out, prefix="p", max_count=2)
+    assert [Path(p).name for p in first.shards] == ["p-000000.tar", "p-000001.tar"]
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    kept = r"no usable images under .*bad .*the 2 existing p-\*\.tar shard\(s\) .* are kept"
+    with pytest.raises(ValueError, match=kept):
+        write_shards(bad, out, prefix="p", overwrite=True)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # shards, _info.json: untouched, no leftovers
+    assert check_shards(expand_urls(str(out))).ok
+    # a successful overwrite with fewer shards removes the old extra one and rewrites _info.json
+    (src / "im2.jpg").unlink()
+    (src / "im1.jpg").unlink()
+    again = write_shards(src, out, prefix="p", max_count=2, overwrite=True)
+    assert sorted(p.name for p in out.iterdir()) == ["_info.json", "p-000000.tar"] and again.num_samples == 1
+    assert read_info(out)["splits"]["p"]["filenames"] == ["p-000000.tar"]
+    assert sorted(read_members(again.shards)) == ["im0"]
+    assert check_shards(expand_urls(str(out))).ok
+
+
+def test_a_latent_set_cannot_point_outside_its_folder(tmp_path):
+    from loopdata.latents import read_metadata
+
+    folder = tmp_path / "latents"
+    folder.mkdir()
+    meta = {"shards": ["latents-000000.tar"], "shard_counts": [1], "latent_shape": [4, 2, 2]}
+    (folder / "latents.json").write_text(json.dumps(meta))
+    assert read_metadata(folder)["shards"] == ["latents-000000.tar"]
+    for name in ("../elsewhere/latents-000000.tar", "/etc/latents-000000.tar", "sub/latents-000000.tar", ".."):
+        (folder / "latents.json").write_text(json.dumps({**meta, "shards": [name]}))
+        with pytest.raises(ValueError, match=r"latents\.json: shards lists .* not a plain file name in the folder"):
+            read_metadata(folder)
+    assert main(["check", str(folder)]) != 0

@@ -116,3 +116,64 @@ def test_release_references_end_to_end_at_a_tiny_budget(tmp_path: Path) -> None:
         assert release["command"] == "make release-references" and release["images_seen"] == r["images_seen"]
         assert r["sha256"] == sha256_file(bundles / name / WEIGHTS_NAME)
         assert r["sha256"] in (bundles / name / "README.md").read_text()
+
+
+@pytest.mark.parametrize("name", sorted(REFERENCES))
+def test_a_resolution_the_latent_factor_does_not_divide_is_refused_in_one_line(name: str, tmp_path: Path,
+                                                                               capsys) -> None:
+    """AutoencoderKL would silently crop a 60² image to a 7² latent (decoding to 56²) and AutoencoderDC fail inside
+    pixel_unshuffle: encoding refuses the size, `encode` and `train init_from=` refuse the flag before writing."""
+    from loopvae.autoencoders import check_resolution, encode_sample, spatial_factor
+    from loopvae.loading import load_artifact
+
+    model = load_artifact(MODELS / name)
+    assert spatial_factor(model) == 8
+    for encode in (encode_mode, encode_sample):
+        with pytest.raises(ValueError, match=rf"image size \(60, 60\) is not divisible by the {REFERENCES[name]}'s "
+                                             "latent factor 8"):
+            encode(model, torch.zeros(1, 3, 60, 60))
+    assert encode_mode(model, torch.zeros(1, 3, 64, 64)).shape[-2:] == (8, 8)
+    with pytest.raises(ValueError, match=r"--resolution=60 is not a multiple .* factor 8: use a multiple of 8 "
+                                         r"\(e\.g\. 56 or 64\)"):
+        check_resolution(model, 60)
+    val, train = (",".join(map(str, loopdata.bundled_kodak_urls(split))) for split in ("val", "train"))
+    for argv in (["encode", "--checkpoint", str(MODELS / name), "--data", val, "--resolution", "60"],
+                 ["train", "--config", "tiny-stage1", "--data", train, "--set", "max_steps=1", "resolution=36",
+                  "num_workers=0", f"init_from={MODELS / name}"]):
+        capsys.readouterr()
+        assert loopvae_main([*argv, "--out", str(tmp_path / "out")]) == 2
+        err = capsys.readouterr().err
+        assert re.search(r"resolution=(60|36) is not a multiple of the .* latent factor 8", err), err
+        assert "Traceback" not in err and not (tmp_path / "out").exists()
+
+
+def test_the_autoencoderdc_factor_is_counted_from_its_encoder() -> None:
+    """A stage without layers does not downsample: (1, 1, 0, 1) layers over 4 stages is f4, not 2^(4 - 1) = f8."""
+    from loopvae.autoencoders import spatial_factor
+
+    common = dict(encoder_block_types="ResBlock", decoder_block_types="ResBlock", latent_channels=16,
+                  attention_head_dim=8, encoder_qkv_multiscales=((),) * 4, decoder_qkv_multiscales=((),) * 4)
+    skipped = diffusers.AutoencoderDC(encoder_block_out_channels=(16, 32, 64, 64),
+                                      decoder_block_out_channels=(16, 32, 64, 64),
+                                      encoder_layers_per_block=(1, 1, 0, 1), decoder_layers_per_block=(1, 1, 0, 1),
+                                      **common)
+    full = diffusers.AutoencoderDC(encoder_block_out_channels=(16, 32, 64, 128),
+                                   decoder_block_out_channels=(16, 32, 64, 128),
+                                   encoder_layers_per_block=(0, 1, 1, 1), decoder_layers_per_block=(1, 1, 1, 1),
+                                   **common)
+    for model, factor in ((skipped, 4), (full, 8)):
+        assert spatial_factor(model) == factor
+        assert model.encode(torch.zeros(1, 3, 32, 32)).latent.shape[-1] == 32 // factor
+
+
+def test_the_release_card_of_an_autoencoderdc_is_tagged_as_one() -> None:
+    from looprun.release import hub_identity, render_model_card
+    from loopvae.loading import load_artifact
+
+    for name, tag in (("dcae-tiny", "autoencoderdc"), ("klvae-tiny-w32-attn", "autoencoderkl"),
+                      ("loopvae-cnn-tiny", "loopvae")):
+        model = load_artifact(MODELS / name)
+        library, tags, _ = hub_identity(model)
+        assert library == "diffusers" and tag in tags and not {"autoencoderkl", "autoencoderdc", "loopvae"} - {tag} \
+            & set(tags), (name, tags)
+        assert f"- {tag}\n" in render_model_card(model, {})

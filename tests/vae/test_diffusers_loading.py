@@ -121,3 +121,62 @@ def test_old_configs_load_with_the_real_widths(tmp_path: Path, stored: str) -> N
         assert "config.json" in notes[0]
     else:
         assert not notes
+
+
+MODELS = bundled_model_dir().parent
+
+
+def _edited(tmp_path: Path, model: str, **changes) -> Path:
+    folder = tmp_path / model
+    shutil.copytree(MODELS / model, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **changes}))
+    return folder
+
+
+@pytest.mark.parametrize("model, key, value, want", [
+    ("dcae-tiny", "encoder_block_out_channels", [], "a non-empty list"),
+    ("klvae-tiny-w32-attn", "block_out_channels", [], "a non-empty list"),
+    ("dcae-tiny", "latent_channels", "16", "an integer"),
+    ("klvae-tiny-w32-attn", "force_upcast", "yes", "true or false"),
+    ("loopvae-cnn-tiny", "_class_name", ["LoopVAE"], 'a string such as "LoopVAE"'),
+])
+def test_a_hand_edited_config_json_is_one_line_naming_file_and_key(tmp_path: Path, capsys, model: str, key: str,
+                                                                   value, want: str) -> None:
+    """The diffusers classes are type-checked like LoopVAE (they failed with an IndexError or a string-format
+    error deep in __init__), and a non-string _class_name is named (it was an unhashable-list TypeError)."""
+    from loopvae.cli import main as loopvae_main
+    from loopvae.loading import load_tokenizer
+
+    folder = _edited(tmp_path, model, **{key: value})
+    with pytest.raises(ValueError, match=rf"{folder / 'config.json'}: key '{key}' must be {want}"):
+        load_tokenizer(folder)
+    capsys.readouterr()
+    assert loopvae_main(["encode", "--checkpoint", str(folder), "--data", "unused.tar", "--out",
+                         str(tmp_path / "out"), "--resolution", "32"]) == 2
+    err = capsys.readouterr().err
+    assert f"key '{key}'" in err and "config.json" in err and "Traceback" not in err, err
+    # a union-typed key (a name, or one per stage) is left to the constructor: both forms load
+    if model == "dcae-tiny":
+        assert load_tokenizer(_edited(tmp_path / "ok", model, encoder_block_types=["ResBlock"] * 4)).model
+
+
+def test_sizes_in_config_json_are_checked_against_the_weights_before_any_allocation(tmp_path: Path) -> None:
+    """width=4096 next to the tiny model's weights would allocate and initialise 8.5 GiB before the weights were
+    read; the model is built on the meta device and compared with the safetensors header first."""
+    import resource
+    import time
+
+    from loopvae.loading import load_tokenizer
+
+    folder = _edited(tmp_path, "loopvae-cnn-tiny", width=4096, block_out_channels=None)
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match=r"diffusion_pytorch_model\.safetensors does not match its config\.json .*"
+                                         r"shapes differ: .*\[48, .*\] in the file, \[4096, .*\] per config\.json"):
+        load_tokenizer(folder)
+    assert time.perf_counter() - start < 10
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before < 500_000  # KiB: nothing near 8.5 GiB
+    wrong = _edited(tmp_path / "kl", "klvae-tiny-w32-attn", latent_channels=8)
+    with pytest.raises(ValueError, match=r"does not match its config\.json .*shapes differ"):
+        load_tokenizer(wrong)

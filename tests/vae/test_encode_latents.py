@@ -368,3 +368,85 @@ def test_moments_round_trip_and_per_epoch_resampling(vae: LoopVAE, tmp_path: Pat
         assert abs(float(eps.mean())) < 0.2 and 0.8 < float(eps.std()) < 1.2  # a standard-normal draw
     assert loopvae_main(["encode", "--checkpoint", str(bundled_model_dir()), "--data", data_urls("val"), "--out",
                          str(tmp_path / "bad"), "--resolution", str(RES), "--moments", "--sample"]) == 2
+
+
+def test_a_folder_that_gains_an_image_is_encoded_again(tmp_path: Path) -> None:
+    """The chunk URL holds the image count (folder:D#0-3, then #0-4): the same chunk of the same folder is encoded
+    again, not refused as another --data."""
+    folder = _folder_of(tmp_path, ["a", "b", "c"])
+    out = tmp_path / "latents"
+    assert _encode(out, str(folder))["num_samples"] == 3
+    _folder_of(tmp_path, ["a", "b", "c", "d"])
+    meta = _encode(out, str(folder))
+    assert meta["num_samples"] == 4 and meta["resumed_shards"] == []
+    assert sorted(s["key"] for s in LatentDataset(out, train=False, normalize=False)) == ["a", "b", "c", "d"]
+    from loopvae.encode_latents import EncodeOptions, encode_dataset
+
+    (tmp_path / "other").mkdir()
+    other = _folder_of(tmp_path / "other", ["x", "y", "z"])  # another folder into the same --out is still refused
+    with pytest.raises(ValueError, match="--data changed"):
+        encode_dataset(bundled_model_dir(), str(other), out, EncodeOptions(resolution=RES, device="cpu"))
+
+
+def test_a_rerun_verifies_finished_shards_and_their_records(tmp_path: Path, caplog) -> None:
+    """A finished shard damaged after it was written (cut short), a record whose count was edited and an unreadable
+    record: each is named in a warning and the shard encoded again; the set then checks."""
+    from loopdata.latents import check_latent_set
+
+    data = _split_shards(tmp_path / "src", per_shard=12)  # 2 shards
+    out = tmp_path / "lat"
+    first = _encode(out, data)
+    shard, record = out / "latents-000000.tar", out / "latents-000000.tar.json"
+    good = shard.read_bytes()
+    with open(shard, "r+b") as f:
+        f.truncate(5000)
+    with caplog.at_level("WARNING", logger="loopvae"):
+        again = _encode(out, data)
+    assert "latents-000000.tar: its sha256 is" in caplog.text and again["resumed_shards"] == ["latents-000001.tar"]
+    assert shard.read_bytes() == good and not check_latent_set(out)["problems"]
+    edited = json.loads(record.read_text())
+    record.write_text(json.dumps({**edited, "count": edited["count"] - 1}))
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="loopvae"):
+        again = _encode(out, data)
+    assert "it holds 12 samples, its record latents-000000.tar.json says 11" in caplog.text
+    assert again["shard_counts"] == first["shard_counts"] == [12, 12]
+    record.write_text("{oops")
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="loopvae"):
+        again = _encode(out, data)
+    assert f"{record} is unreadable" in caplog.text and again["num_samples"] == 24
+    assert not check_latent_set(out)["problems"]
+
+
+def test_a_second_encode_into_the_same_out_fails_at_once_and_keeps_the_first_ones_files(tmp_path: Path,
+                                                                                          capsys) -> None:
+    from looprun.run_lock import RunLock
+
+    out = tmp_path / "lat"
+    out.mkdir()
+    (out / ".tmp-latents-000000").mkdir()  # the running encode's temporary shard
+    (out / ".tmp-latents-000000" / "part-000000.tar").write_bytes(b"in progress")
+    lock = RunLock(out, "loopvae encode")  # as the running encode holds it (a separate open file: flock conflicts)
+    try:
+        assert loopvae_main(["encode", "--checkpoint", str(bundled_model_dir()), "--data", data_urls("val"), "--out",
+                             str(out), "--resolution", str(RES), "--device", "cpu"]) == 2
+    finally:
+        lock.release()
+    err = capsys.readouterr().err
+    assert f"{out} is in use by another loopvae encode (pid {os.getpid()})" in err and "Traceback" not in err
+    assert (out / ".tmp-latents-000000" / "part-000000.tar").read_bytes() == b"in progress"
+    assert not list(out.glob("latents-*"))
+    assert _encode(out, data_urls("val"))["num_samples"] == 4  # the lock is released with its holder
+
+
+def test_a_read_only_out_is_one_line_naming_it(tmp_path: Path, capsys) -> None:
+    from lv_testing import read_only_filesystem
+
+    with read_only_filesystem(tmp_path / "ro") as ro:
+        for folder, reason in (("new", "cannot create the folder"), ("old", "cannot write in this folder")):
+            capsys.readouterr()
+            assert loopvae_main(["encode", "--checkpoint", str(bundled_model_dir()), "--data", data_urls("val"),
+                                 "--out", str(ro / folder), "--resolution", str(RES), "--device", "cpu"]) == 2
+            err = capsys.readouterr().err
+            assert f"--out {ro / folder}: {reason}: Read-only file system" in err and "Traceback" not in err, err

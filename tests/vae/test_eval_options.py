@@ -42,6 +42,9 @@ def test_missing_lpips_weights_give_null_with_the_reason_like_rfid(tiny_run, tmp
     assert metrics["lpips"] is None and metrics["rfid"] is None
     assert "alexnet-owt-7be5be79.pth" in metrics["lpips_unavailable_reason"]
     assert "--require-lpips" in metrics["lpips_unavailable_reason"]
+    # the hint names eval's own flags, not train's config keys
+    assert "--lpips-net none" in metrics["lpips_unavailable_reason"]
+    assert "perceptual_weight" not in metrics["lpips_unavailable_reason"]
     assert "FID Inception weights not found" in metrics["rfid_unavailable_reason"]
     log = (out / "eval.log").read_text()  # the user sees why: in eval.log and on stderr
     assert "LPIPS unavailable" in log and "rFID unavailable" in log

@@ -113,3 +113,25 @@ def test_intervene_refuses_a_non_loopvae_before_creating_out(tmp_path: Path, cap
     assert code == 2
     _one_line(capsys.readouterr().err, "interventions need a LoopVAE", "AutoencoderDC")
     assert not out.exists()
+
+
+def test_a_second_eval_or_compare_into_a_busy_out_fails_at_once(tmp_path: Path, capsys) -> None:
+    """eval and compare hold the run lock of their --out: a second one is told what holds it, and nothing of the
+    first one's folder changes."""
+    from looprun.run_lock import RunLock
+    from loopvae.cli import main
+
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "busy"
+    holder = RunLock(out, "loopvae eval")
+    try:
+        before = sorted(p.name for p in out.iterdir())
+        assert main(["eval", "--checkpoint", str(root / "assets/models/loopvae-cnn-tiny"), "--data",
+                     str(root / "assets/kodak/kodak-val-000000.tar"), "--out", str(out)]) == 2
+        assert "in use by another loopvae eval" in capsys.readouterr().err
+        assert main(["compare", "--arm", f"a={root / 'assets/models/loopvae-cnn-tiny'}", "--data",
+                     str(root / "assets/kodak/kodak-val-000000.tar"), "--out", str(out)]) == 2
+        assert "in use by another loopvae eval" in capsys.readouterr().err
+        assert sorted(p.name for p in out.iterdir()) == before
+    finally:
+        holder.release()

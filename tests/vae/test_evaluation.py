@@ -120,6 +120,9 @@ def test_rfid_path_runs_with_an_inception_file_and_records_its_sha256(tiny_run, 
     assert metrics["rfid"] is not None and np.isfinite(metrics["rfid"])
     assert metrics["weights_sha256"][f"inception/{INCEPTION_FILE}"]
     assert metrics["model"]["kind"] == "release"
+    # 4 images are not the 50,000 published figures use: metrics.json and the report say so
+    assert "4 images, not the 50,000" in metrics["rfid_warning"]
+    assert "**Warning:** rFID from 4 images" in (tmp_path / "fid" / "report.md").read_text()
 
 
 @pytest.mark.skipif(not default_backbone_path("alex").is_file(),

@@ -43,6 +43,21 @@ def test_lpips_without_backbone_weights_fails_clearly(tmp_path) -> None:
         PerceptualLoss("vgg", weights_path=tmp_path / "vgg16-397923af.pth")
 
 
+def test_train_lpips_message_names_set_keys(tmp_path) -> None:
+    """``loopvae train`` has no --lpips-weights flag: its message names the config keys it does take."""
+    import loopdata
+    from loopvae.train_config import load_train_config
+    from loopvae.trainer import train
+
+    config = load_train_config("tiny-stage1", ["perceptual_weight=1.0", f"lpips_weights={tmp_path / 'vgg.pth'}",
+                                               "max_steps=1", "progress_bar=false"])
+    with pytest.raises(FileNotFoundError) as err:
+        train(config, [str(u) for u in loopdata.bundled_kodak_urls("train")], tmp_path / "run")
+    text = str(err.value)
+    assert "--set lpips_weights=PATH" in text and "--set perceptual_weight=0" in text
+    assert "--lpips-weights" not in text
+
+
 def test_lpips_loads_a_torchvision_backbone_file(tmp_path) -> None:
     import torchvision
 

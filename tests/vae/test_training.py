@@ -249,3 +249,6 @@ def test_fine_tuning_a_diffusers_autoencoderkl_decoder_only(tmp_path: Path) -> N
     assert any(not torch.equal(start[n], tuned[n]) for n in start if n.startswith("decoder."))
     everything = runs["all"].state_dict()
     assert any(not torch.equal(start[n], everything[n]) for n in start if n.startswith("encoder."))
+    # the run records and logs what it trained: the AutoencoderKL it started from, not the preset's model name
+    log = (tmp_path / "all" / "train.log").read_text()
+    assert f"training AutoencoderKL from {folder} stage 1" in log and "training loopvae-cnn" not in log

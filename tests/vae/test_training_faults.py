@@ -16,7 +16,7 @@ import yaml
 from loopdata_helpers import jpeg, write_shard
 
 import looprun.checkpoint as checkpoint_module
-from looprun.checkpoint import CheckpointManager, CheckpointSaveError
+from looprun.checkpoint import CheckpointManager, CheckpointSaveError, CorruptCheckpointError
 from looprun.config import ConfigError
 from looprun.run_lock import RunLockedError
 from loopvae.train_config import load_train_config
@@ -197,16 +197,25 @@ def test_a_run_that_fails_to_start_leaves_no_files_in_a_new_folder(tmp_path: Pat
     ("resolution=36", "resolution=36: loopvae-cnn-tiny cannot reconstruct 36² crops"),
     ("keep_checkpoints=0", "keep_checkpoints must be >= 1, got 0"),
     ("model_overrides={width: abc}", "model_overrides.width: 'abc' is not an integer"),
+    # sizes that build on the meta device only in theory: overflowing storage, or crops no image can fill
+    ("model_overrides.width=1000000000", "model_overrides {'width': 1000000000} do not build loopvae-cnn-tiny: "
+                                         "Storage size calculation overflowed"),
+    ("resolution=1000000", "resolution=1000000: a 1000000x1000000 crop is 1,000,000,000,000 pixels, over "
+                           "loopdata's limit of 67,108,864 pixels per image (LOOPDATA_MAX_PIXELS)"),
+    (("model=klvae-tiny-w32-attn", "resolution=36"), "resolution=36: klvae-tiny-w32-attn cannot reconstruct 36² crops "
+                                                "(image size (36, 36) is not divisible by the AutoencoderKL's latent "
+                                                "factor 8"),
 ])
-def test_bad_settings_are_refused_before_any_file_is_written(tmp_path: Path, override: str, message: str,
+def test_bad_settings_are_refused_before_any_file_is_written(tmp_path: Path, override: str | tuple, message: str,
                                                               capsys) -> None:
     """Checked on the meta device before the run folder, .lock, config.yaml, tb/ or train.log exist."""
     from loopvae.cli import main as loopvae_main
 
     out = tmp_path / "run"
     assert loopvae_main(["train", "--config", "tiny-stage1", "--data", data_urls(), "--out", str(out),
-                         "--set", *FAST, override]) == 2
-    assert message in capsys.readouterr().err
+                         "--set", *FAST, *([override] if isinstance(override, str) else override)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err, err
     assert not out.exists()
 
 
@@ -229,3 +238,88 @@ def test_resuming_on_a_folder_whose_files_were_swapped_is_refused_naming_the_cha
     (folder / "img9.jpg").write_bytes(jpeg(40, 40, seed=3))  # same count, another name
     assert loopvae_main(args) == 2
     assert "file 4 was 'img3.jpg', now 'img4.jpg'" in capsys.readouterr().err
+
+
+def _digests(folder: Path) -> dict[str, str]:
+    import hashlib
+
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file() and p.name not in ("train.log", ".lock")}
+
+
+def test_a_folder_whose_checkpoints_none_loads_is_refused_and_left_unchanged(tmp_path: Path, capsys) -> None:
+    """Checkpoints present, none usable: restarting from step 0 would overwrite them and the release. (a) a
+    stage-2 config on a stage-1 run (its checkpoints lack the discriminator): the config difference is named;
+    (b) every checkpoint damaged: each one is named with what is wrong. Nothing in the folder changes."""
+    from loopvae.cli import main as loopvae_main
+
+    out = tmp_path / "run"
+    train(_config("max_steps=4", "checkpoint_every=2"), data_urls(), out)
+    before = _digests(out)
+    assert "checkpoints/step-00000004/model.pt" in before and "release/diffusion_pytorch_model.safetensors" in before
+    stage2 = load_train_config("tiny-stage2", [*FAST, "max_steps=4", "checkpoint_every=2",
+                                               f"init_from={out / 'release'}"])
+    with pytest.raises(ConfigError, match=r"(?s)holds a run with another configuration.*stage: 1 in the checkpoint, 2"):
+        Trainer(stage2, data_urls(), out)
+    assert _digests(out) == before
+    for step in (2, 4):  # ema.pt cut short in every checkpoint; model.pt intact
+        ema = out / "checkpoints" / f"step-{step:08d}" / "ema.pt"
+        ema.write_bytes(ema.read_bytes()[:1000])
+    before = _digests(out)
+    named = (r"holds 2 checkpoint\(s\) \(step-00000002, step-00000004\) but none can be resumed: .*step-00000004: "
+             r"ema\.pt fails its sha256 check.*step-00000002: ema\.pt fails its sha256 check.*nothing was changed")
+    with pytest.raises(CorruptCheckpointError, match=named):
+        Trainer(_config("max_steps=6", "checkpoint_every=2"), data_urls(), out)
+    assert _digests(out) == before
+    capsys.readouterr()
+    assert loopvae_main(["train", "--config", "tiny-stage1", "--data", data_urls(), "--out", str(out), "--set", *FAST,
+                         "max_steps=6", "checkpoint_every=2"]) == 2
+    err = capsys.readouterr().err
+    assert "none can be resumed" in err and "Traceback" not in err
+    assert _digests(out) == before
+
+
+def test_a_touched_shard_is_not_called_other_data_and_accept_data_mtime_resumes(tmp_path: Path, capsys) -> None:
+    """A copy without -p or a `touch` moves the shard's time, not its content: the resume is refused with that
+    reason and the override to use; with accept_data_mtime=true it resumes and records the new time."""
+    import json
+    import os
+    import shutil
+
+    from loopvae.cli import main as loopvae_main
+
+    shard = tmp_path / "d.tar"
+    shutil.copy(data_urls(), shard)
+    out = tmp_path / "run"
+    args = ["train", "--config", "tiny-stage1", "--data", str(shard), "--out", str(out), "--set", *FAST,
+            "checkpoint_every=2", "num_workers=0"]
+    assert loopvae_main([*args, "max_steps=2"]) == 0
+    stat = shard.stat()
+    os.utime(shard, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    capsys.readouterr()
+    assert loopvae_main([*args, "max_steps=4"]) == 2
+    err = capsys.readouterr().err
+    assert "its modification time moved" in err and "its size did not" in err and "other data" not in err, err
+    assert "--set accept_data_mtime=true" in err
+    assert loopvae_main([*args, "max_steps=4", "accept_data_mtime=true"]) == 0
+    summary = json.loads((out / "train_summary.json").read_text())
+    assert summary["step"] == 4 and summary["resumed_from"].endswith("step-00000002")
+    assert json.loads((out / "data_identity.json").read_text())[0]["mtime_ns"] == shard.stat().st_mtime_ns
+    # a changed size is other data, override or not
+    with open(shard, "ab") as f:
+        f.write(b"\0" * 512)
+    assert loopvae_main([*args, "max_steps=6", "accept_data_mtime=true"]) == 2
+    assert "the shard changed (size" in capsys.readouterr().err
+
+
+def test_a_read_only_out_is_one_line_naming_it(tmp_path: Path, capsys) -> None:
+    from loopvae.cli import main as loopvae_main
+    from lv_testing import read_only_filesystem
+
+    with read_only_filesystem(tmp_path / "ro") as ro:
+        for folder, reason in (("new", "cannot create the folder"), ("old", "cannot write in this folder")):
+            capsys.readouterr()
+            assert loopvae_main(["train", "--config", "tiny-stage1", "--data", data_urls(), "--out",
+                                 str(ro / folder), "--set", *FAST, "max_steps=1"]) == 2
+            err = capsys.readouterr().err
+            assert f"--out {ro / folder}: {reason}: Read-only file system" in err and "Traceback" not in err, err

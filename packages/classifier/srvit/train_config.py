@@ -70,6 +70,8 @@ class TrainConfig:
     log_every: int = 50
     progress_bar: bool = True
     tracker: str = "tensorboard"  # tensorboard | wandb (optional extra; offline without a login) | none
+    # resume although the data's modification times moved (same files, same sizes: a copy without -p, a touch)
+    accept_data_mtime: bool = False
 
     @staticmethod
     def upgrade_model_overrides(overrides: dict[str, Any]) -> dict[str, Any]:

@@ -327,15 +327,29 @@ class CheckpointManager:
         return LoadedCheckpoint(path, meta["step"], state, meta)
 
     def load_latest(
-        self, map_location: str | torch.device = "cpu", required: Sequence[str] | None = None
+        self, map_location: str | torch.device = "cpu", required: Sequence[str] | None = None,
+        errors: list[CorruptCheckpointError] | None = None,
     ) -> LoadedCheckpoint | None:
-        """The newest checkpoint that verifies; corrupt ones are reported (logged) and skipped."""
+        """The newest checkpoint that verifies; corrupt ones are reported (logged) and skipped, and appended
+        to ``errors`` when it is given (so a caller can name them when none verifies)."""
         for path in reversed(self.list_checkpoints()):
             try:
                 return self.load(path, map_location, required)
             except CorruptCheckpointError as err:
                 log.error("%s -- falling back to the previous checkpoint", err)
+                if errors is not None:
+                    errors.append(err)
         return None
+
+
+def read_metadata(path: str | Path) -> dict[str, Any] | None:
+    """A checkpoint folder's ``metadata.json`` as a mapping, or ``None`` when it is unreadable or not a mapping
+    (no checksums are verified: for naming what a checkpoint was made with, never for loading it)."""
+    try:
+        meta = json.loads((Path(path) / "metadata.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return meta if isinstance(meta, dict) else None
 
 
 def check_weight_choice(weights: str) -> str:

@@ -193,8 +193,20 @@ def parse_overrides(pairs: list[str] | None) -> dict[str, Any]:
             raise ConfigError(f"override {pair!r} is not key=value")
         key = key.strip()
         out.pop(key, None)  # re-insert so that the order of application is the order on the command line
-        out[key] = yaml.safe_load(raw) if raw.strip() else ""
+        try:
+            out[key] = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError as err:
+            raise ConfigError(f"--set {pair}: the value is not valid YAML ({yaml_problem(err)}); quote it or fix "
+                              "the brackets, e.g. --set 'betas=[0.9, 0.99]'") from None
     return out
+
+
+def yaml_problem(err: yaml.YAMLError) -> str:
+    """One line for a YAML error: what is wrong and where (line and column, 1-based)."""
+    mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+    problem = getattr(err, "problem", None) or getattr(err, "context", None) or str(err).splitlines()[0]
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return f"{where}{problem}"
 
 
 def add_override_argument(parser: argparse.ArgumentParser, help_text: str = "override config keys") -> None:
@@ -214,7 +226,15 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
-    data = yaml.safe_load(path.read_text()) or {}
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.constructor.ConstructorError as err:  # e.g. !!python/object: safe_load refuses it, nothing runs
+        raise ConfigError(f"config file {path}: {yaml_problem(err)} (tags that build Python objects are refused; "
+                          "write plain values)") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"config file {path} is not valid YAML: {yaml_problem(err)}") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"config file {path} is not UTF-8 text ({err})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a key: value mapping, got {type(data).__name__}")
     return data

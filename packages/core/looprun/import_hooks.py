@@ -66,6 +66,9 @@ def lazy_exports(package: str, exports: dict[str, str]) -> tuple[Any, Any]:
     def __getattr__(name: str) -> Any:
         module = exports.get(name)
         if module is None:
+            # a submodule, as an eagerly importing package would have bound it (``loopvae.loading``)
+            if not name.startswith("_") and importlib.util.find_spec(f"{package}.{name}") is not None:
+                return importlib.import_module(f"{package}.{name}")
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         value = getattr(importlib.import_module(f"{package}.{module}"), name)
         setattr(sys.modules[package], name, value)  # later lookups skip __getattr__

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from loopdata.assets import portable_text
@@ -60,23 +61,31 @@ def card_front_matter(name: str, library_name: str, tags: list[str], results: li
                       pipeline_tag: str | None = None, license: str = "apache-2.0") -> str:
     """The Hugging Face Hub model card's YAML front matter (``---`` block), so ``push_to_hub`` publishes ours.
 
-    ``results``: measured metrics, each ``{"task": type, "dataset": name, "type": metric id, "name": label,
-    "value": number}``; they become ``model-index`` (omitted when nothing was measured).
+    Written by ``huggingface_hub.ModelCardData`` (which checks the ``model-index`` it builds). ``results``:
+    measured metrics, each ``{"task": type, "dataset": name, "type": metric id, "name": label, "value": number}``
+    and optionally ``"dataset_type"``, the dataset's machine id (default: a slug of its name, e.g. ``kodak``);
+    they become ``model-index`` (omitted when nothing was measured).
     """
-    import yaml
+    from huggingface_hub import EvalResult, ModelCardData
 
-    meta: dict[str, Any] = {"library_name": library_name, "license": license, "tags": list(tags)}
-    if pipeline_tag:
-        meta["pipeline_tag"] = pipeline_tag
-    if results:
-        grouped: dict[tuple[str, str], list[dict[str, Any]]] = {}
-        for r in results:
-            grouped.setdefault((r["task"], r["dataset"]), []).append(
-                {"type": r["type"], "name": r["name"], "value": round(float(r["value"]), 4)})
-        meta["model-index"] = [{"name": name, "results": [
-            {"task": {"type": task}, "dataset": {"name": dataset, "type": dataset}, "metrics": metrics}
-            for (task, dataset), metrics in grouped.items()]}]
-    return "---\n" + yaml.safe_dump(meta, sort_keys=False, allow_unicode=True) + "---\n"
+    evals = [EvalResult(task_type=r["task"], dataset_type=r.get("dataset_type") or dataset_id(r["dataset"]),
+                        dataset_name=r["dataset"], metric_type=r["type"], metric_name=r["name"],
+                        metric_value=round(float(r["value"]), 4)) for r in results or []]
+    data = ModelCardData(library_name=library_name, license=license, tags=list(tags), pipeline_tag=pipeline_tag,
+                         model_name=name if evals else None, eval_results=evals or None)
+    return "---\n" + data.to_yaml() + "\n---\n"
+
+
+def dataset_id(name: str) -> str:
+    """A Hub-style dataset id from a human-readable set name: ``kodim21-24 (Kodak), 256²`` -> ``kodak``,
+    ``40 held-out ImageNet-sample images, 256²`` -> ``imagenet-sample``; otherwise a lower-case slug."""
+    lowered = name.lower()
+    for known, dataset in (("kodak", "kodak"), ("imagenet-sample", "imagenet-sample"), ("imagenet", "imagenet"),
+                           ("cifar-100", "cifar-100"), ("cifar100", "cifar-100"), ("cifar-10", "cifar-10"),
+                           ("cifar10", "cifar-10")):
+        if known in lowered:
+            return dataset
+    return "-".join("".join(c if c.isalnum() else " " for c in lowered).split())
 
 
 def hub_identity(model: torch.nn.Module) -> tuple[str, list[str], str | None]:
@@ -85,8 +94,8 @@ def hub_identity(model: torch.nn.Module) -> tuple[str, list[str], str | None]:
     if package == "srvit":  # a diffusers-layout folder loaded by srvit (and timm.create_model via its names)
         return "loopvision", ["loopvision", "srvit", "timm", "recursive-vit", "image-classification"], \
             "image-classification"
-    return "diffusers", ["loopvision", "loopvae" if type(model).__name__ == "LoopVAE" else "autoencoderkl", "vae",
-                         "image-tokenizer"], None
+    name = type(model).__name__  # LoopVAE -> loopvae, AutoencoderKL -> autoencoderkl, AutoencoderDC -> autoencoderdc
+    return "diffusers", ["loopvision", name.lower(), "vae", "image-tokenizer"], None
 
 
 def render_model_card(model: torch.nn.Module, info: dict[str, Any], facts: dict[str, Any] | None = None) -> str:
@@ -177,7 +186,14 @@ def artifact_class_name(path: str | Path) -> str | None:
     config_file = Path(path) / "config.json"
     if not config_file.is_file():
         return None
-    return json.loads(config_file.read_text()).get("_class_name")
+    config = json.loads(config_file.read_text())
+    if not isinstance(config, dict):
+        raise ValueError(f"{config_file} holds a {type(config).__name__}, not a mapping; fix or regenerate the file")
+    name = config.get("_class_name")
+    if name is not None and not isinstance(name, str):
+        raise ValueError(f"{config_file}: key '_class_name' must be a string such as \"LoopVAE\", got {name!r}; fix "
+                         "or regenerate the file")
+    return name
 
 
 def resolve_artifact(path: str | Path) -> Path:
@@ -195,10 +211,15 @@ def resolve_artifact(path: str | Path) -> Path:
 
 def check_config_types(cls: type, config: dict[str, Any], source: str | Path) -> None:
     """Raise ``ValueError`` naming ``source`` and the key when a value of ``config`` (a parsed
-    ``config.json``) does not have the type of ``cls.__init__``'s default for that key."""
+    ``config.json``) does not have the type of ``cls.__init__``'s default for that key (a list whose default has
+    entries, such as ``block_out_channels``, must have entries too); keys annotated with several types are
+    left to the constructor."""
     for name, param in inspect.signature(cls.__init__).parameters.items():
         if name not in config or param.default is inspect.Parameter.empty or param.default is None:
             continue
+        annotation = param.annotation if isinstance(param.annotation, str) else repr(param.annotation)
+        if "|" in annotation or "Union" in annotation or "Optional" in annotation:
+            continue  # several types allowed (AutoencoderDC's block_types: a name or one per stage)
         value, default = config[name], param.default
         if isinstance(default, bool):
             ok, want = isinstance(value, bool), "true or false"
@@ -208,12 +229,45 @@ def check_config_types(cls: type, config: dict[str, Any], source: str | Path) ->
             ok, want = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
         elif isinstance(default, str):
             ok, want = isinstance(value, str), "a string"
+        elif isinstance(default, (tuple, list)) and default:  # e.g. block_out_channels: one entry per stage
+            ok, want = isinstance(value, (list, tuple)) and len(value) > 0, "a non-empty list"
         elif isinstance(default, (tuple, list)):
             ok, want = value is None or isinstance(value, (list, tuple)), "a list"
         else:
             continue
         if not ok:
             raise ValueError(f"{source}: key {name!r} must be {want}, got {value!r}; fix or regenerate the file")
+
+
+def check_weight_shapes(cls: type, config: Any, weights_file: Path) -> None:
+    """Raise ``ValueError`` when ``weights_file`` (a safetensors file; only its header is read) does not hold
+    the tensors, with their shapes, of the ``cls`` model ``config`` describes. The model is built on the meta
+    device, so a hand-edited size (``width: 4096`` next to a tiny model's weights) is refused before gigabytes
+    are allocated and initialised."""
+    config_file = weights_file.parent / "config.json"
+    try:
+        with torch.device("meta"):
+            skeleton = cls.from_config(config)
+    except Exception as err:  # noqa: BLE001 - whatever the constructor raises on these values, name the file
+        raise ValueError(f"{config_file} describes a {cls.__name__} that cannot be built ({one_line(err)}); fix "
+                         "or regenerate the file") from None
+    try:
+        with safe_open(weights_file, "pt") as f:
+            stored = {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()}  # noqa: SIM118
+    except Exception as err:  # noqa: BLE001 - safetensors raises its own SafetensorError, or OSError
+        raise ValueError(
+            f"{weights_file} is not a readable safetensors file ({err}); the download or copy is damaged"
+        ) from None
+    expected = {key: tuple(t.shape) for key, t in skeleton.state_dict().items()}
+    missing = [k for k in expected if k not in stored]
+    unexpected = [k for k in stored if k not in expected]
+    wrong = [f"{k} {list(stored[k])} in the file, {list(shape)} per config.json" for k, shape in expected.items()
+             if k in stored and stored[k] != shape]
+    if missing or unexpected or wrong:
+        details = [f"missing {missing[:5]}" if missing else "", f"unexpected {unexpected[:5]}" if unexpected else "",
+                   f"shapes differ: {'; '.join(wrong[:3])}" if wrong else ""]
+        raise ValueError(f"{weights_file} does not match its config.json ({config_file}): "
+                         f"{', '.join(d for d in details if d)}; fix or regenerate config.json")
 
 
 def load_release(cls: type, path: str | Path, torch_dtype: torch.dtype | None = None) -> torch.nn.Module:
@@ -226,7 +280,9 @@ def load_release(cls: type, path: str | Path, torch_dtype: torch.dtype | None = 
     weights_file = release_weights_file(path)
     if weights_file is None:
         raise FileNotFoundError(f"{path} has no {WEIGHTS_NAME} (or legacy {LEGACY_WEIGHTS_NAME})")
-    model = cls.from_config(cls.load_config(path))
+    config = cls.load_config(path)
+    check_weight_shapes(cls, config, weights_file)  # on the meta device: a wrong size costs no memory
+    model = cls.from_config(config)
     try:
         weights = load_file(weights_file)
     except Exception as err:  # noqa: BLE001 - safetensors raises its own SafetensorError, or OSError
@@ -379,6 +435,8 @@ def load_artifact(
         files = _weight_files(path)
         if not files:
             raise FileNotFoundError(f"{path} has a config.json but no {WEIGHTS_NAME} (or {LEGACY_WEIGHTS_NAME})")
+        # every class, not only those whose load_config checks (diffusers' own fail deep inside __init__)
+        check_config_types(classes[class_name], json.loads((path / "config.json").read_text()), path / "config.json")
         try:
             model = _load_folder(classes[class_name], path, torch_dtype)
         except (OSError, RuntimeError, TypeError) as err:  # diffusers' errors for unreadable weights / configs
@@ -396,7 +454,24 @@ def load_artifact(
         model.load_state_dict(model_weights(loaded, weights))
         return LoadedArtifact(model.eval(), str(loaded.path), "run-checkpoint", weights, digests, loaded.step,
                               {}, path)
+    if not path.exists():
+        raise FileNotFoundError(missing_artifact_message(path, what))
     raise FileNotFoundError(
         f"{path} is neither a {what} release artifact (config.json + {WEIGHTS_NAME}) nor a training run directory "
         f"with config.yaml and checkpoints/; pass the --out directory of a training run or its release/ folder"
     )
+
+
+def missing_artifact_message(path: str | Path, what: str = "model") -> str:
+    """The error for a ``--checkpoint`` that does not exist; a Hugging Face Hub id (``org/name``) gets how to
+    download it, since nothing is downloaded at run time."""
+    text = str(path)
+    accepted = (f"a {what} release folder or diffusers model folder (config.json + {WEIGHTS_NAME}), or a training "
+                "run directory")
+    parts = text.split("/")
+    if len(parts) == 2 and all(parts) and not text.startswith((".", "~")) and " " not in text:
+        return (f"{text} does not exist here and looks like a Hugging Face Hub id: nothing is downloaded at run time. "
+                f"Download it first (`hf download {text} --local-dir {parts[1]}`, or huggingface_hub's "
+                f"snapshot_download; a pipeline's VAE is its vae/ subfolder) and pass the local folder; accepted: "
+                f"{accepted}")
+    return f"{text} does not exist; pass {accepted}"

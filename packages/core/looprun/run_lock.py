@@ -1,6 +1,7 @@
-"""One training run per output folder: an advisory ``fcntl`` lock on ``<run>/.lock``.
+"""One training run (or ``loopvae encode``) per output folder: an advisory ``fcntl`` lock on ``<out>/.lock``.
 
-Two runs writing into one folder would overwrite and prune each other's checkpoints. The lock is held
+Two runs writing into one folder would overwrite and prune each other's checkpoints (two encodes, each other's
+temporary shards). The lock is held
 by the main rank for the life of the process and released by the kernel when the process ends, however
 it ends (``kill -9`` included), so a crashed run never leaves a stale lock behind.
 """
@@ -19,9 +20,13 @@ class RunLockedError(RuntimeError):
 
 
 class RunLock:
-    """Hold the lock of ``run_dir`` (created if needed) until :meth:`release` or process exit."""
+    """Hold the lock of ``run_dir`` (created if needed) until :meth:`release` or process exit.
 
-    def __init__(self, run_dir: str | Path) -> None:
+    ``what`` names the holder in the lock file (``training run``, ``loopvae encode``, ...), so that a second
+    process is told what occupies the folder.
+    """
+
+    def __init__(self, run_dir: str | Path, what: str = "training run") -> None:
         self._fd: int | None = None
         self.path = Path(run_dir) / LOCK_NAME
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -29,15 +34,15 @@ class RunLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            pid, _, holder = os.pread(fd, 128, 0).decode(errors="replace").strip().partition(" ")
             os.close(fd)
             raise RunLockedError(
-                f"{self.path.parent} is in use by another training run (pid {holder}); wait for it to finish, "
-                "stop it, or choose another --out"
+                f"{self.path.parent} is in use by another {holder or 'process'} (pid {pid or 'unknown'}); wait for "
+                "it to finish, stop it, or choose another --out"
             ) from None
         self._fd = fd
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        os.pwrite(fd, f"{os.getpid()} {what}\n".encode(), 0)
 
     def release(self) -> None:
         """Give the lock up (idempotent)."""

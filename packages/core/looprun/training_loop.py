@@ -23,9 +23,9 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import nn
 
-from loopdata.identity import data_identity, first_set_difference
+from loopdata.identity import data_identity, first_set_difference, only_mtimes_differ
 
-from .checkpoint import CheckpointManager, CheckpointSaveError, write_atomic
+from .checkpoint import CheckpointManager, CheckpointSaveError, CorruptCheckpointError, read_metadata, write_atomic
 from .config import ConfigError, save_config, upgrade_renamed_keys
 from .determinism import seed_step, state_digest
 from .distributed import (
@@ -36,17 +36,19 @@ from .distributed import (
     mean_across_ranks,
     sum_across_ranks,
 )
+from .output_dir import prepare_output_dir
 from .release import save_release
 from .run_lock import RunLock
 from .run_logger import RunLogger, setup_run_logging, teardown_run_logging
 from .signals import StopSignal
 
 # Config keys a resumed run may change: they decide when to stop, save and log, never what is computed
-# (``compile`` changes how, not what: the same graph, float rounding aside).
+# (``compile`` changes how, not what: the same graph, float rounding aside; ``accept_data_mtime`` lets a resume
+# accept data whose modification times alone moved).
 RESUMABLE_CHANGES = frozenset(
     {"max_steps", "epochs", "checkpoint_every", "keep_checkpoints", "log_every", "image_every", "eval_every",
      "eval_resolution", "eval_images",
-     "progress_bar", "compile", "tracker"}
+     "progress_bar", "compile", "tracker", "accept_data_mtime"}
 )
 
 
@@ -149,7 +151,7 @@ class TrainingLoop:
         self._new_files = [self.run_dir / n for n in (".lock", "train.log") if not (self.run_dir / n).exists()]
         self.lock: RunLock | None = None
         if self.ctx.is_main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
+            prepare_output_dir(self.run_dir)  # a read-only or unwritable --out: one line naming it, no traceback
             self.lock = RunLock(self.run_dir)  # before anything is written: a second run fails here
         setup_run_logging(logger_name, self.run_dir, self.ctx.is_main, self.ctx.rank)
         self.log = logging.getLogger(f"{logger_name}.train")
@@ -161,6 +163,7 @@ class TrainingLoop:
         self.data_spec: list[str] | None = None  # the shards trained on (set by the subclass), checked on resume
         # what they hold (loopdata.identity: shard size/mtime, folder chunk file lists), checked on resume too
         self.data_identity: list[dict[str, Any]] | None = None
+        self.data_mtime_accepted = False  # resumed with accept_data_mtime over data whose times alone moved
 
     @contextmanager
     def abandon_on_error(self) -> Iterator[None]:
@@ -238,12 +241,16 @@ class TrainingLoop:
         with the differing keys, before any state is loaded and before ``config.yaml`` is touched.
         """
         required = [*self.model_state(), "trainer"]
-        loaded = self.checkpoints.load_latest(map_location=self.ctx.device, required=required)
+        errors: list[CorruptCheckpointError] = []
+        loaded = self.checkpoints.load_latest(map_location=self.ctx.device, required=required, errors=errors)
         if loaded is not None:
             self.check_resumable(loaded.metadata)
+        elif self.checkpoints.list_checkpoints():
+            self.refuse_unusable_checkpoints(errors)
         if self.ctx.is_main:
             save_config(self.config, self.run_dir / "config.yaml")
-            if loaded is None and self.data_identity is not None:  # the full file lists, to name a later change
+            if (loaded is None or self.data_mtime_accepted) and self.data_identity is not None:
+                # the full file lists, to name a later change (the new times, once accepted)
                 write_atomic(self.run_dir / DATA_IDENTITY_FILE, json.dumps(
                     data_identity(self.data_spec, compact=False), allow_nan=False))
         if loaded is None:
@@ -255,6 +262,25 @@ class TrainingLoop:
         self.loader.load_state_dict(trainer["data"])
         self.resumed_from = loaded.path
         self.log.info("resumed from %s at step %d", loaded.path, self.step)
+
+    def refuse_unusable_checkpoints(self, errors: list[CorruptCheckpointError]) -> None:
+        """Checkpoints exist but none verifies: starting from step 0 in this folder would overwrite them and the
+        release. Raise :class:`ConfigError` when the newest readable one was made with another configuration
+        (e.g. a stage-2 config on a stage-1 run, whose checkpoints lack the discriminator), else
+        :class:`CorruptCheckpointError` naming every checkpoint and why it failed. Nothing is written."""
+        present = self.checkpoints.list_checkpoints()
+        for path in reversed(present):
+            metadata = read_metadata(path)
+            if metadata is not None and isinstance(metadata.get("config"), dict):
+                self.check_resumable(metadata)  # the clearer reason, when the config differs
+                break
+        reasons = "; ".join(str(err) for err in errors) or "none verifies"
+        raise CorruptCheckpointError(
+            f"{self.checkpoints.directory} holds {len(present)} checkpoint(s) ({', '.join(p.name for p in present)}) "
+            f"but none can be resumed: {reasons}. Training from step 0 here would overwrite them and the release, "
+            f"so nothing was changed: restore the damaged files, rerun with the config that wrote them, or move "
+            f"{self.checkpoints.directory} away (or choose a new --out) to start afresh"
+        )
 
     def check_resumable(self, metadata: dict[str, Any]) -> None:
         """Raise :class:`ConfigError` when the checkpoint's config or data differ from this run's."""
@@ -275,10 +301,23 @@ class TrainingLoop:
         if not problems and metadata.get("data_identity") and self.data_identity is not None:
             difference = first_set_difference(metadata["data_identity"], self.data_identity)
             full = self.run_dir / DATA_IDENTITY_FILE
+            recorded = metadata["data_identity"]
             if difference is not None and full.is_file():  # name the file, not just the chunk
-                difference = first_set_difference(json.loads(full.read_text()),
-                                                  data_identity(self.data_spec, compact=False)) or difference
-            if difference is not None:
+                recorded = json.loads(full.read_text())
+                difference = first_set_difference(recorded, data_identity(self.data_spec, compact=False)) or difference
+            if difference is not None and only_mtimes_differ(recorded, data_identity(self.data_spec, compact=False)):
+                # a copy without -p, a restore or a `touch`: the same files and sizes, only the times moved
+                if getattr(self.config, "accept_data_mtime", False):
+                    self.log.warning("data: %s; resuming anyway (accept_data_mtime=true)", difference)
+                    self.data_mtime_accepted = True
+                else:
+                    raise ConfigError(
+                        f"{self.run_dir}: resuming is refused until you confirm the data: {difference}. Only "
+                        "modification times differ (the same files with the same sizes, as after a copy without -p, "
+                        "a restore or a touch). If the content is unchanged, rerun the same command with "
+                        "--set accept_data_mtime=true to resume; otherwise choose a new --out"
+                    )
+            elif difference is not None:
                 problems.append(f"data: {difference} (the same shards or folder now hold other data)")
         if problems:
             raise ConfigError(

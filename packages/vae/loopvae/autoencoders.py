@@ -27,8 +27,34 @@ def has_posterior(model: nn.Module) -> bool:
     return not isinstance(model, AutoencoderDC)
 
 
+def check_resolution(model: nn.Module, resolution: int, what: str = "--resolution") -> int:
+    """``resolution`` if the model's latent factor divides it, else a :class:`ValueError` naming both (``what``:
+    the flag or key it came from). AutoencoderKL would silently crop (a 60² image makes a 7² latent that
+    decodes to 56²) and AutoencoderDC fail deep inside ``pixel_unshuffle``."""
+    factor = spatial_factor(model)
+    if resolution % factor:
+        lower, upper = resolution // factor * factor, (resolution // factor + 1) * factor
+        nearest = f"{lower} or {upper}" if lower else str(upper)
+        raise ValueError(f"{what}={resolution} is not a multiple of the {type(model).__name__}'s latent factor "
+                         f"{factor}: use a multiple of {factor} (e.g. {nearest})")
+    return resolution
+
+
+def check_image_size(model: nn.Module, images: torch.Tensor) -> None:
+    """A clear :class:`ValueError` when the latent factor does not divide the images' height and width (LoopVAE's
+    own ``encode`` checks this itself; the diffusers classes do not)."""
+    if isinstance(model, LoopVAE) or images.ndim != 4:
+        return
+    factor = spatial_factor(model)
+    height, width = images.shape[-2:]
+    if height % factor or width % factor:
+        raise ValueError(f"image size {(height, width)} is not divisible by the {type(model).__name__}'s latent "
+                         f"factor {factor}: use a resolution that is a multiple of {factor}")
+
+
 def encode_posterior(model: nn.Module, images: torch.Tensor) -> DiagonalGaussianDistribution | None:
     """The posterior of ``images`` ``(B, 3, H, W)`` in [-1, 1], or ``None`` for a deterministic autoencoder."""
+    check_image_size(model, images)
     return model.encode(images).latent_dist if has_posterior(model) else None
 
 
@@ -37,12 +63,14 @@ def encode_mode(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
 
     ``images``: ``(B, 3, H, W)`` in [-1, 1] -> ``(B, c, H / f, W / f)``.
     """
+    check_image_size(model, images)
     out = model.encode(images)
     return out.latent_dist.mode() if has_posterior(model) else out.latent
 
 
 def encode_sample(model: nn.Module, images: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """A posterior sample (seeded by ``generator``), or a deterministic autoencoder's latent."""
+    check_image_size(model, images)
     out = model.encode(images)
     return out.latent_dist.sample(generator=generator) if has_posterior(model) else out.latent
 
@@ -54,12 +82,19 @@ def reconstruct_mode(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
 
 
 def spatial_factor(model: nn.Module) -> int:
-    """The latent's downsampling factor (8 for every f8 model)."""
+    """The latent's downsampling factor (8 for every f8 model).
+
+    AutoencoderDC halves the size in each ``DCDownBlock2d`` of its encoder: one after every stage but the last
+    *that has layers*, plus ``conv_in`` when the first stage has none (the DC-AE f32/f64 layouts), so the factor
+    is counted from the encoder rather than assumed to be 2^(stages - 1).
+    """
     cfg = model.config
     if isinstance(model, LoopVAE):
         return int(cfg.latent_factor)
     if isinstance(model, AutoencoderDC):
-        return 2 ** (len(cfg.encoder_block_out_channels) - 1)
+        from diffusers.models.autoencoders.autoencoder_dc import DCDownBlock2d
+
+        return 2 ** sum(isinstance(m, DCDownBlock2d) for m in model.encoder.modules())
     return 2 ** (len(cfg.block_out_channels) - 1)
 
 

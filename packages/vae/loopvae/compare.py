@@ -309,7 +309,6 @@ def compare(arms: dict[str, list[str]], data: str, out_dir: str | Path, options:
     from loopdata.transforms import describe_preprocessing, make_options
     from looprun.distributed import resolve_device
     from looprun.output_dir import prepare_output_dir
-    from looprun.run_logger import console_messages_once
 
     check_arms(arms)
     check_pairs(list(arms), options)
@@ -331,6 +330,20 @@ def compare(arms: dict[str, list[str]], data: str, out_dir: str | Path, options:
             del loaded
         _check_distinct_weights(name, checkpoints, [f[0] for f in facts[name]])
     out = prepare_output_dir(out_dir, "--out")
+    from looprun.run_lock import RunLock
+
+    lock = RunLock(out, "loopvae compare")  # a second comparison (or eval) into this --out fails at once
+    try:
+        return _compare_locked(arms, data, out, options, key, facts, identity, preprocessing)
+    finally:
+        lock.release()
+
+
+def _compare_locked(arms: dict[str, list[str]], data: str, out: Path, options: CompareOptions, key: ReuseKey,
+                    facts: dict[str, list[tuple[dict[str, str], str, dict[str, Any]]]], identity: Any,
+                    preprocessing: dict[str, Any]) -> dict[str, Any]:
+    from looprun.run_logger import console_messages_once
+
     evaluated: dict[str, list[SeedEvaluation]] = {}
     with console_messages_once():  # one "rFID unavailable" line on the console, not one per checkpoint
         _evaluate_arms(arms, data, out, key, facts, identity, evaluated)

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from loopdata.decode import DecodeError, decode_image
+from loopdata.folders import is_folder_url, parse_folder_url
 from loopdata.identity import first_difference, source_identity
 from loopdata.latents import FLIP_EXT, LATENT_EXT, METADATA_NAME, npy_bytes
 from loopdata.shards import expand_urls, file_digest, image_member, iter_samples, shard_counts
@@ -46,8 +47,10 @@ from looprun.distributed import (
     raise_if_any_rank_failed,
     reported_failure,
 )
+from looprun.output_dir import prepare_output_dir
+from looprun.run_lock import RunLock
 
-from .autoencoders import encode_mode, has_posterior
+from .autoencoders import check_resolution, encode_mode, has_posterior
 from .loading import load_tokenizer
 
 log = logging.getLogger("loopvae")
@@ -152,7 +155,8 @@ def encode_shard(url: str, target: Path, model: torch.nn.Module, options: Encode
                 try:
                     if ext is None:
                         raise DecodeError(f"no image member (members: {sorted(k for k in sample if k[0] != '_')})")
-                    image = transforms.sample(decode_image(sample[ext], transforms.draft_size))
+                    image = transforms.sample(decode_image(sample[ext], transforms.draft_size,
+                                                           resize_side=transforms.resize_side))
                 except DecodeError as err:
                     if not options.skip_corrupt:
                         raise DecodeError(f"{url}: sample {key!r}: {err} (pass --skip-corrupt to skip and list it)") \
@@ -241,12 +245,30 @@ def _record_path(target: Path) -> Path:
     return target.with_name(target.name + ".json")
 
 
+def _same_chunk(recorded: Any, url: str) -> bool:
+    """Whether ``recorded`` and ``url`` are the same chunk of the same image folder whose image count changed
+    (``folder:D#0-3`` then, ``folder:D#0-4`` now: an image was added): the chunk is re-encoded, not refused."""
+    if not (isinstance(recorded, str) and is_folder_url(recorded) and is_folder_url(url)):
+        return False
+    try:
+        (old_root, old_start, _), (root, start, _) = parse_folder_url(recorded), parse_folder_url(url)
+    except ValueError:
+        return False
+    return (old_root, old_start) == (root, start)
+
+
 def _finished_shard(target: Path, url: str, identity: dict[str, Any]) -> dict[str, Any] | None:
     """The record of a complete output of an earlier run for the same input and settings, or ``None`` (to be
     (re)done); a finished shard made from other data, weights or options is an error, never silently reused."""
     if not (target.is_file() and _record_path(target).is_file()):
         return None
-    record = json.loads(_record_path(target).read_text())
+    record = _read_record(target)
+    if record is None:
+        return None
+    if record.get("input") != url and _same_chunk(record.get("input"), url):
+        log.info("%s: its folder chunk now holds other images (%s then, %s now); encoding it again", target.name,
+                 record.get("input"), url)
+        return None
     if record.get("input") != url:
         raise ValueError(f"{target} was encoded from {record.get('input')}, not {url}: --data changed since the "
                          "earlier run; use a new --out")
@@ -263,7 +285,51 @@ def _finished_shard(target: Path, url: str, identity: dict[str, Any]) -> dict[st
         raise ValueError(f"{target} was encoded with other {', '.join(changed)} ("
                          + ", ".join(f"{k}: {record.get(k)!r} then, {identity[k]!r} now" for k in changed)
                          + "); use a new --out or the earlier settings")
+    damage = _shard_damage(target, record)
+    if damage is not None:
+        log.warning("%s: %s since it was written; encoding it again", target.name, damage)
+        return None
     return {**record, "resumed": True}
+
+
+def _read_record(target: Path) -> dict[str, Any] | None:
+    """The ``<shard>.json`` record of a finished shard, or ``None`` (with a warning naming the file, so that the
+    shard is encoded again) when it is unreadable or lacks what a record holds."""
+    path = _record_path(target)
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        log.warning("%s is unreadable (%s); encoding %s again", path, err, target.name)
+        return None
+    problem = None
+    skipped = record.get("skipped", []) if isinstance(record, dict) else []
+    if not isinstance(record, dict):
+        problem = f"holds a {type(record).__name__}, not a mapping"
+    elif not (isinstance(record.get("count"), int) and not isinstance(record["count"], bool) and record["count"] >= 0):
+        problem = f"has no valid count ({record.get('count')!r})"
+    elif not isinstance(skipped, list) or not all(isinstance(k, str) for k in skipped):
+        problem = "has no valid list of skipped samples"
+    elif not (isinstance(record.get("sha256"), str) and len(record["sha256"]) == 64):
+        problem = f"has no valid sha256 ({record.get('sha256')!r:.80})"
+    if problem is not None:
+        log.warning("%s %s; encoding %s again", path, problem, target.name)
+        return None
+    return record
+
+
+def _shard_damage(target: Path, record: dict[str, Any]) -> str | None:
+    """How the finished shard ``target`` disagrees with its record (checksum, or sample count), or ``None``."""
+    size, digest = file_digest(target)
+    if digest != record["sha256"]:
+        return f"its sha256 is {digest[:12]}... ({size} bytes), its record says {record['sha256'][:12]}...: it changed"
+    try:
+        with tarfile.open(target) as tar:
+            keys = {name.split(".", 1)[0] for name in tar.getnames()}
+    except (tarfile.TarError, OSError) as err:
+        return f"it is not a readable tar ({err})"
+    if len(keys) != record["count"]:
+        return f"it holds {len(keys)} samples, its record {_record_path(target).name} says {record['count']}"
+    return None
 
 
 def encode_dataset(checkpoint: str | Path, data: str, out_dir: str | Path, options: EncodeOptions
@@ -278,6 +344,7 @@ def encode_dataset(checkpoint: str | Path, data: str, out_dir: str | Path, optio
     # the checkpoint and the data are checked before --out is created: a failed start leaves nothing behind
     loaded = load_tokenizer(checkpoint, options.weights)
     model = loaded.model.to(ctx.device).eval()
+    check_resolution(model, options.resolution)
     urls = expand_urls(data)
     if not urls:
         raise ValueError(f"--data {data!r} names no shards or images")
@@ -285,7 +352,20 @@ def encode_dataset(checkpoint: str | Path, data: str, out_dir: str | Path, optio
         raise ValueError("--moments stores the posterior's mean and log-variance for sampling at training time: "
                          + ("drop --sample (the reader draws the samples)" if options.sample else
                             f"a {type(model).__name__} has no posterior (its latent is deterministic); drop --moments"))
-    out.mkdir(parents=True, exist_ok=True)
+    lock = None
+    if ctx.is_main:
+        prepare_output_dir(out)  # a read-only or full --out: one line, not a traceback
+        lock = RunLock(out, "loopvae encode")  # one encode per --out: a second one would delete our temporaries
+    try:
+        return _encode_locked(ctx, loaded, model, data, urls, out, options)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _encode_locked(ctx, loaded, model: torch.nn.Module, data: str, urls: list[str], out: Path,
+                   options: EncodeOptions) -> dict[str, Any]:
+    """:func:`encode_dataset` once the main rank holds ``out``'s lock."""
     if ctx.is_main:
         remove_stale_temporaries(out)
     barrier(ctx)  # no rank starts a shard while rank 0 is still cleaning up

@@ -211,17 +211,34 @@ def evaluate(checkpoint: str | Path, data: str, out_dir: str | Path, options: Ev
     written atomically. An unwritable ``out_dir`` (read-only, no permission) is an ``OutputWriteError`` naming it.
     Under torchrun a rank that fails stops the others promptly with its message.
     """
+    if not Path(checkpoint).exists():  # before --out is created: a mistyped path or a Hub id leaves nothing behind
+        from looprun.release import missing_artifact_message
+
+        raise FileNotFoundError(missing_artifact_message(checkpoint, "tokenizer"))
     ctx = init_distributed(options.device)
     out = Path(out_dir)
     written: list[str] = []
+    lock = None
     if ctx.is_main:
         prepare_output_dir(out, "--out")
-        written = claim_outputs(out, options)
+        from looprun.run_lock import LOCK_NAME, RunLock
+
+        fresh = not (out / LOCK_NAME).exists()
+        lock = RunLock(out, "loopvae eval")  # a second eval (or compare) into this --out fails at once
+        try:
+            written = claim_outputs(out, options)
+        except BaseException:  # refused: leave the folder exactly as it was
+            lock.release()
+            if fresh:
+                (out / LOCK_NAME).unlink(missing_ok=True)
+            raise
     setup_run_logging("loopvae", out, ctx.is_main, ctx.rank, log_file="eval.log")
     try:
         return _evaluate(checkpoint, data, out, options, ctx, written)
     finally:
         teardown_run_logging("loopvae")
+        if lock is not None:
+            lock.release()
 
 
 def build_lpips(options: EvalOptions, device: torch.device) -> tuple[PerceptualLoss | None, str | None]:
@@ -230,7 +247,8 @@ def build_lpips(options: EvalOptions, device: torch.device) -> tuple[PerceptualL
     if options.lpips_net == "none":
         return None, "LPIPS skipped (--lpips-net none)"
     try:
-        model = PerceptualLoss(options.lpips_net, options.lpips_weights, options.lpips_random_backbone)
+        model = PerceptualLoss(options.lpips_net, options.lpips_weights, options.lpips_random_backbone,
+                               options_hint="pass --lpips-weights PATH, or --lpips-net none to skip LPIPS")
     except FileNotFoundError as err:
         if options.require_lpips:
             raise
@@ -405,6 +423,16 @@ def _mean(rows: list[dict[str, Any]], key: str) -> float:
     return sum(r[key] for r in rows) / len(rows)
 
 
+PUBLISHED_RFID_IMAGES = 50_000  # ImageNet val: the set published rFID figures are computed on
+
+
+def rfid_sample_warning(num_images: int) -> str:
+    """Why an rFID from ``num_images`` (< 50,000) images is not comparable with published figures."""
+    return (f"rFID from {num_images:,} images, not the 50,000 ImageNet validation images published figures use: "
+            "FID is biased upwards on small samples (the bias shrinks with the image count), so this number is "
+            "comparable only with rFIDs computed on the same images, never with a paper's")
+
+
 def _summarise(rows, rfid, fid_reason, loaded, lpips_model, fid_path, options, data, baseline_size,
                lpips_reason=None) -> dict[str, Any]:
     from looprun.checkpoint import sha256_file
@@ -435,6 +463,8 @@ def _summarise(rows, rfid, fid_reason, loaded, lpips_model, fid_path, options, d
     }
     if rfid is None:
         metrics["rfid_unavailable_reason"] = fid_reason
+    elif len(rows) < PUBLISHED_RFID_IMAGES:
+        metrics["rfid_warning"] = rfid_sample_warning(len(rows))
     if lpips_model is None:
         metrics["lpips_unavailable_reason"] = lpips_reason or "LPIPS skipped (--lpips-net none)"
     return metrics
@@ -460,6 +490,8 @@ def render_report(metrics: dict[str, Any], has_grid: bool = True) -> str:
     ]
     if metrics["rfid"] is None:
         lines += [f"rFID unavailable: {metrics['rfid_unavailable_reason']}", ""]
+    elif metrics.get("rfid_warning"):
+        lines += [f"**Warning:** {metrics['rfid_warning']}.", ""]
     pre = metrics.get("preprocessing", {})
     lines += ["Protocol: posterior mode, reconstructions clamped and quantised to uint8; PSNR = mean of per-image "
               "PSNR (capped at 120 dB); SSIM Gaussian 11×11, σ=1.5; the bicubic baseline keeps at least as many "

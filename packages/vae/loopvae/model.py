@@ -17,9 +17,11 @@ The public surface is diffusers' ``AutoencoderKL``: ``encode`` -> ``AutoencoderK
 from __future__ import annotations
 
 import contextlib
+import json
 import operator
 import warnings
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 from diffusers.configuration_utils import ConfigMixin, register_to_config
@@ -524,4 +526,37 @@ def register_with_diffusers() -> None:
                       "class, not loopvae.LoopVAE: use loopvae.LoopVAE.from_pretrained", stacklevel=2)
 
 
+def warn_on_autoencoderkl_loading_a_loopvae() -> None:
+    """Make ``diffusers.AutoencoderKL.from_pretrained`` warn when the folder it is given holds a ``LoopVAE``.
+
+    diffusers does not fail there: it builds an ``AutoencoderKL`` from the config keys the two share and leaves
+    every weight random, only logging that the checkpoint's tensors were unused. Once :mod:`loopvae` is imported
+    that call warns (``UserWarning`` naming the folder and the loader to use) and otherwise behaves exactly as
+    before; folders of other classes are not touched.
+    """
+    from diffusers import AutoencoderKL
+
+    original = AutoencoderKL.from_pretrained.__func__
+    if getattr(original, "_warns_on_loopvae", False):
+        return
+
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):  # noqa: ANN001, ANN202
+        folder = Path(str(pretrained_model_name_or_path)) / (kwargs.get("subfolder") or "")
+        config = folder / "config.json"
+        if cls.__name__ == "AutoencoderKL" and config.is_file():
+            try:
+                class_name = json.loads(config.read_text()).get("_class_name")
+            except (OSError, ValueError, AttributeError):
+                class_name = None
+            if class_name == "LoopVAE":
+                warnings.warn(f"{folder} holds a LoopVAE: AutoencoderKL.from_pretrained builds an AutoencoderKL "
+                              "with random weights from it. Load it with loopvae.LoopVAE.from_pretrained (or "
+                              "diffusers.AutoModel.from_pretrained after import loopvae)", UserWarning, stacklevel=2)
+        return original(cls, pretrained_model_name_or_path, *args, **kwargs)
+
+    from_pretrained._warns_on_loopvae = True  # type: ignore[attr-defined]
+    AutoencoderKL.from_pretrained = classmethod(from_pretrained)
+
+
 register_with_diffusers()
+warn_on_autoencoderkl_loading_a_loopvae()

@@ -39,12 +39,15 @@ class PerceptualLoss(nn.Module):
         net: ``vgg`` (default, as in the LoopVAE recipe) or ``alex`` (the usual evaluation net).
         weights_path: backbone file; default: the torchvision cache path (see module docstring).
         random_backbone: random backbone weights instead of ImageNet ones (no file needed).
+        options_hint: what the calling command offers instead, named in the missing-file error (the flags of
+            ``loopvae eval`` differ from the config keys of ``loopvae train``).
 
     Always in eval mode with frozen parameters; never part of a model's state dict or EMA.
     ``weights_sha256`` records the backbone file used (``None`` for a random backbone).
     """
 
-    def __init__(self, net: str = "vgg", weights_path: str | Path | None = None, random_backbone: bool = False) -> None:
+    def __init__(self, net: str = "vgg", weights_path: str | Path | None = None, random_backbone: bool = False,
+                 options_hint: str = "pass its path, or do without LPIPS") -> None:
         super().__init__()
         import lpips
 
@@ -58,8 +61,7 @@ class PerceptualLoss(nn.Module):
             if not path.is_file():
                 raise FileNotFoundError(
                     f"LPIPS-{net} needs the torchvision ImageNet backbone file {BACKBONE_FILES[net]}, not found at "
-                    f"{path}. Copy it there (or into $TORCH_HOME/hub/checkpoints/), pass its path "
-                    f"(--lpips-weights / lpips_weights=PATH), or disable the perceptual term."
+                    f"{path}. Copy it there (or into $TORCH_HOME/hub/checkpoints/), or {options_hint}."
                 )
             self.weights_path = path
         with warnings.catch_warnings():

@@ -93,6 +93,8 @@ class TrainConfig:
     image_every: int = 500
     progress_bar: bool = True
     tracker: str = "tensorboard"  # tensorboard | wandb (optional extra; offline without a login) | none
+    # resume although the data's modification times moved (same files, same sizes: a copy without -p, a touch)
+    accept_data_mtime: bool = False
 
     # configs written before a key was renamed still load, with a warning (looprun.config.RenamedKey)
     RENAMED_KEYS: ClassVar[dict[str, RenamedKey]] = {
@@ -122,6 +124,16 @@ class TrainConfig:
                     "r1_every", "eval_resolution", "eval_images", "keep_checkpoints"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"{key} must be >= 1, got {getattr(self, key)}")
+        from loopdata.decode import MAX_PIXELS_ENV, default_max_pixels
+
+        limit = default_max_pixels()
+        for key in ("resolution", "eval_resolution"):
+            side = getattr(self, key)
+            if side < 1:
+                raise ConfigError(f"{key} must be >= 1, got {side}")
+            if side * side > limit:  # every image would be refused by the decoder's pixel guard (or exhaust memory)
+                raise ConfigError(f"{key}={side}: a {side}x{side} crop is {side * side:,} pixels, over loopdata's "
+                                  f"limit of {limit:,} pixels per image ({MAX_PIXELS_ENV}); choose a smaller {key}")
         if self.precision not in ("bf16", "fp32"):
             raise ConfigError(f"precision must be bf16 or fp32, got {self.precision!r}")
         if self.eval_every < 0:

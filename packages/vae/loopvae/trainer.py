@@ -26,6 +26,7 @@ from loopcore.flops import count_macs
 from loopdata.identity import data_identity
 from loopdata.shards import canonical_urls
 from looprun.checkpoint import write_atomic
+from looprun.config import ConfigError
 from looprun.distributed import average_gradients
 from looprun.optimization import EMA, make_scheduler
 from looprun.release import resolve_artifact
@@ -33,7 +34,7 @@ from looprun.run_logger import RunLogger
 from looprun.speed import memory_format
 from looprun.training_loop import NonFiniteLossError, TrainingLoop, TrainResult
 
-from .autoencoders import TOKENIZER_CLASSES, encode_posterior, encode_sample, last_layer
+from .autoencoders import TOKENIZER_CLASSES, check_resolution, encode_posterior, encode_sample, last_layer
 from .diffaugment import diff_augment
 from .discriminators import build_discriminator, r1_penalty
 from .loading import load_artifact
@@ -177,8 +178,6 @@ def preflight(config: TrainConfig) -> None:
     """What can be checked before any file is written (a failed start leaves no files): the model builds with its
     ``model_overrides`` (a wrongly typed value is named with its key) and takes ``resolution``² crops. Runs on the
     meta device: no memory, no time."""
-    from looprun.config import ConfigError
-
     if config.init_from:
         return  # the architecture comes from the artifact, checked when it is loaded
     with torch.device("meta"):
@@ -186,7 +185,7 @@ def preflight(config: TrainConfig) -> None:
             model = create_model(config.model, **config.model_overrides)
         except KeyError as err:
             raise ConfigError(f"model: {err.args[0]}") from None
-        except (TypeError, ValueError) as err:
+        except (TypeError, ValueError, RuntimeError) as err:  # RuntimeError: "Storage size calculation overflowed"
             defaults = dict(create_model(config.model).config)
             for key, value in config.model_overrides.items():
                 default = defaults.get(key)
@@ -197,7 +196,7 @@ def preflight(config: TrainConfig) -> None:
                                       f"({config.model}'s default is {default!r})") from None
             raise ConfigError(f"model_overrides {dict(config.model_overrides)} do not build {config.model}: "
                               f"{err}") from None
-        try:
+        try:  # encode_sample refuses a size the latent factor does not divide (AutoencoderKL would crop it)
             x = torch.empty(1, 3, config.resolution, config.resolution)
             model.decode(encode_sample(model, x))
         except (ValueError, RuntimeError) as err:
@@ -219,6 +218,12 @@ class Trainer(TrainingLoop):
 
             torch.manual_seed(config.seed)  # identical initialisation on every rank
             self.vae = build_vae(config).to(dev)
+            try:  # preflight could not check an init_from artifact's latent factor
+                check_resolution(self.vae, config.resolution, "resolution")
+                if val_data:
+                    check_resolution(self.vae, config.eval_resolution, "eval_resolution")
+            except ValueError as err:
+                raise ConfigError(f"{err} ({config.init_from or config.model})") from None
             self.memory_format = memory_format(config.memory_format)
             self.vae = self.vae.to(memory_format=self.memory_format)
             if config.gradient_checkpointing:
@@ -230,7 +235,10 @@ class Trainer(TrainingLoop):
             self.ema = EMA(self.vae, config.ema_decay).to(dev)
             perceptual = None
             if config.perceptual_weight > 0:
-                perceptual = PerceptualLoss(config.lpips_net, config.lpips_weights).to(dev)
+                perceptual = PerceptualLoss(
+                    config.lpips_net, config.lpips_weights,
+                    options_hint="pass --set lpips_weights=PATH, or train without the perceptual term "
+                                 "(--set perceptual_weight=0)").to(dev)
             weights = LossWeights(
                 l1=config.l1_weight, mse=config.mse_weight, perceptual=config.perceptual_weight,
                 kl=config.kl_weight, gan=config.gan_weight,
@@ -495,11 +503,19 @@ class Trainer(TrainingLoop):
             )
             logger.images(self.step, "reconstruction/top_input_bottom_output", grid)
 
+    def model_description(self) -> str:
+        """What is trained: the registered name, or for a fine-tuning run the class and the ``init_from`` artifact
+        (the preset's ``model`` key is not what a run started from an AutoencoderKL trains)."""
+        cfg = self.config
+        if cfg.init_from:
+            return f"{type(self.vae).__name__} from {cfg.init_from}"
+        return cfg.model
+
     def run(self) -> TrainResult:
         cfg = self.config
         log.info(
-            "training %s stage %d on %d rank(s), %d batches/epoch/rank, from step %d to %d",
-            cfg.model, cfg.stage, self.ctx.world_size, len(self.loader), self.step, cfg.max_steps,
+            "training %s stage %d on %d rank(s), %d batches/epoch/rank, from step %d to %d", self.model_description(),
+            cfg.stage, self.ctx.world_size, len(self.loader), self.step, cfg.max_steps,
         )
         outcome = self.loop()
         release = self.finish_run(
