@@ -436,7 +436,8 @@ class Trainer(TrainingLoop):
                  "world_size": self.ctx.world_size,
                  # what fixes the data order and augmentation draws: two runs that agree here saw the same crops in
                  # the same order (loopvae compare pairs such runs by seed)
-                 "seed": cfg.seed, "scale_jitter": list(cfg.scale_jitter), "hflip": cfg.hflip}
+                 "seed": cfg.seed, "scale_jitter": list(cfg.scale_jitter), "hflip": cfg.hflip,
+                 "num_workers": cfg.num_workers}
         return {k: v for k, v in facts.items() if v is not None}
 
     def card_facts(self) -> dict[str, Any]:
