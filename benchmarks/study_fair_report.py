@@ -218,7 +218,9 @@ def correction_line(key: str) -> str:
         return (f"*Review correction* (`corrections.md`): with `{sf.CORRECTION_ARM.name}` added, the pick stays "
                 f"**{corrected['arm']}** ({corrected['score']:.2f} dB at {corrected['matched_seconds'] / 60:.1f} "
                 f"CPU-min; runner-up {corrected['runner_up']} by {gap:+.2f} dB): the lower learning rate does not "
-                "win, so the main runs stand as run.")
+                "win, so the main runs stand as run" + (" (by less than 0.1 dB on one seed: a coin toss, so lr 1e-3 "
+                                                       "is bracketed only narrowly)" if gap is not None and gap < 0.1
+                                                       else "") + ".")
     return (f"*Review correction* (`corrections.md`): with `{sf.CORRECTION_ARM.name}` added the pick **moves** to "
             f"**{corrected['arm']}** ({corrected['score']:.2f} dB, {corrected['gap']:+.2f} dB over "
             f"{corrected['runner_up']}); by the rule written before it ran, this family's equal-images runs are "

@@ -100,10 +100,13 @@ def lr_section(runs: dict[str, dict[str, Any]]) -> list[str]:
         pick = ss.lr_pick(arm)
         cells.append("waiting" if pick is None else f"**{pick:.0e}**")
         body.append(cells)
+    commits = sorted({r["code"]["commit"][:10] for r in runs.values() if r.get("phase") == "lrcheck"})
     return ["## 1. Learning-rate check (seed 0, 500 steps, validation PSNR at 256²)", "",
             "The pick rule was written down before these runs (pre-registration above): the best validation PSNR "
             "at step 500; a pick at the grid's edge extends the grid by a factor of 2 that way.", "",
-            *md_table(["arm", *[f"lr {lr:.0e}" for lr in lrs], "pick"], body), ""]
+            *md_table(["arm", *[f"lr {lr:.0e}" for lr in lrs], "pick"], body), "",
+            f"Training code: commit {', '.join(f'`{c}`' for c in commits)} (the seeded runs go on from a worktree of "
+            "the same commit; `plan.json` pins it at the first seeded run).", ""]
 
 
 def runs_section(rows: list[dict[str, Any]]) -> list[str]:
