@@ -749,20 +749,20 @@ def plot_curves(rows: dict[str, dict[str, Any]], out: Path) -> None:
 
 
 def bundled_references_lines(release_docs: Path) -> list[str]:
-    """Section 5: the references bundled in ``assets/models`` (``make release-references``), trained at this
-    study's picks for the bundled LoopVAE's crops: one run each, so a table without verdicts (the release's own
-    section of ``study_loopvae.md``, under this page's numbering)."""
-    from release_vae_report import references_section
-
-    refs, release = release_docs / "references.json", release_docs / "release.json"
+    """Section 5: where the references trained at this study's picks for the bundled LoopVAE's crops are, and
+    where their numbers are (one table, in ``study_loopvae.md``; not repeated here)."""
+    refs = release_docs / "references.json"
     if not refs.is_file():
         return []
-    body = references_section(json.loads(refs.read_text()),
-                              json.loads(release.read_text()) if release.is_file() else None,
-                              heading="## 5. The references bundled with the repository (`make release-references`)",
-                              searches="section 2", seeds="the seeds are sections 3 and 4")
-    return [*body, "They sit in `assets/models/` next to the bundled LoopVAE, so `loopvae compare` runs from a fresh "
-            "clone ([evaluation.md](evaluation.md#comparing-tokenizers-loopvae-compare)).", ""]
+    recorded = json.loads(refs.read_text())
+    names = ", ".join(f"`{name}`" for name, r in recorded["references"].items() if r.get("bundled"))
+    return ["## 5. The references bundled with the repository (`make release-references`)", "",
+            f"Each family's pick (section 2) was trained once more for the bundled LoopVAE's crops and bundled in "
+            f"`assets/models/` ({names}; {recorded['date']}). One run per model, so their numbers describe runs and "
+            "carry no verdict (the seeds are sections 3 and 4); the table, with the bundled LoopVAE beside them, is "
+            "[study_loopvae.md](study_loopvae.md#the-tuned-references-bundled-next-to-it-make-release-references). "
+            "`loopvae compare` runs on them from a fresh clone "
+            "([evaluation.md](evaluation.md#comparing-tokenizers-loopvae-compare)).", ""]
 
 
 def render(command: str = "make study-fair") -> str:

@@ -86,8 +86,11 @@ def test_training_reader_splits_shards_over_ranks_and_flips(tmp_path: Path) -> N
     assert flips == {True, False}
     batches = list(make_latent_loader(tmp_path / "lat", batch_size=5, train=True, num_workers=2))
     assert sum(b["latent"].shape[0] for b in batches) <= 24 and batches[0]["latent"].shape == (5, 16, 4, 4)
-    with pytest.raises(ValueError, match="cannot feed"):
+    with pytest.raises(ValueError, match="cannot feed") as err:
         list(LatentDataset(tmp_path / "lat", train=True, world_size=8))
+    # the message says what to do with options that exist (no `loopvae encode --max-count`)
+    assert "num_workers=0" in str(err.value) and "loopdata write --max-count" in str(err.value)
+    assert "encode --max-count" not in str(err.value)
     # unequal shares (3 shards over 2 ranks): both ranks still yield the same number, so DDP steps stay equal
     uneven = [len(list(LatentDataset(tmp_path / "lat", train=True, rank=r, world_size=3, seed=1))) for r in range(3)]
     assert len(set(uneven)) == 1

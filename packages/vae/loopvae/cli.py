@@ -249,7 +249,10 @@ def _profile(args: argparse.Namespace) -> int:
         raise ValueError(f"unknown model(s) {unknown}; available: {', '.join(list_models())}")
     if not models and args.quality is None:
         raise ValueError("loopvae profile needs --models NAME[,NAME...] or --quality RESULTS.json")
-    profile(models, args.out, quality=args.quality, device=_device(args.device).split(":")[0], batch=args.batch,
+    # --breakdown times on the CPU: auto means the CPU there, and an explicit cuda is refused by profile() itself
+    device = "cpu" if args.breakdown and args.device == "auto" else args.device
+    device = _device(device).split(":")[0] if device == "auto" else device
+    profile(models, args.out, quality=args.quality, device=device, batch=args.batch,
             resolution=args.resolution, dtype=args.dtype,
             warmup=args.warmup, iters=args.iters, macs_only=args.macs_only, memory_format=args.memory_format,
             compile=args.compile, plain_blocks=args.plain_blocks, breakdown=args.breakdown,
