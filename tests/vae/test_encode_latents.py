@@ -453,3 +453,20 @@ def test_a_read_only_out_is_one_line_naming_it(tmp_path: Path, capsys) -> None:
                                  "--out", str(ro / folder), "--resolution", str(RES), "--device", "cpu"]) == 2
             err = capsys.readouterr().err
             assert f"--out {ro / folder}: {reason}: Read-only file system" in err and "Traceback" not in err, err
+
+
+def test_a_busy_out_is_refused_before_the_tokenizer_is_even_loaded(tmp_path: Path, capsys) -> None:
+    """The command line locks an existing --out before its heavy imports and the checkpoint load, so a second
+    encode is refused while the first is still working (a fast first encode used to finish before the second
+    reached its lock). A checkpoint that does not exist proves the order: the lock error comes first."""
+    from looprun.run_lock import RunLock
+    from loopvae.cli import main
+
+    out = tmp_path / "lat"
+    holder = RunLock(out, "loopvae encode")
+    try:
+        assert main(["encode", "--checkpoint", str(tmp_path / "no-such-model"), "--data", str(tmp_path),
+                     "--out", str(out)]) == 2
+        assert "in use by another loopvae encode" in capsys.readouterr().err
+    finally:
+        holder.release()

@@ -309,6 +309,25 @@ def _add_encode(sub: argparse._SubParsersAction) -> None:
     add_device_argument(p)
 
 
+def _early_lock(out: str, what: str):  # noqa: ANN202 (looprun.run_lock.RunLock; imported lazily)
+    """Lock an existing ``--out`` (rank 0 only) before the heavy imports: a second run into a busy folder is
+    refused while the first is still working, not after its own start-up (which takes seconds)."""
+    import os
+
+    from looprun.run_lock import RunLock
+
+    if os.environ.get("RANK", "0") != "0" or not Path(out).is_dir():
+        return None
+    from looprun.run_lock import RunLockedError
+
+    try:
+        return RunLock(out, what)
+    except RunLockedError:
+        raise
+    except OSError:  # a read-only or unwritable --out: the command's own output check reports it in one line
+        return None
+
+
 def _encode(args: argparse.Namespace) -> int:
     from looprun.distributed import shutdown_distributed
 
@@ -318,8 +337,10 @@ def _encode(args: argparse.Namespace) -> int:
         meta = encode_dataset(args.checkpoint, args.data, args.out, EncodeOptions(
             resolution=args.resolution, batch_size=args.batch_size, sample=args.sample, flip=args.flip,
             dtype=args.latent_dtype, weights=args.weights, device=args.device, skip_corrupt=args.skip_corrupt,
-            preprocess=args.preprocess, moments=args.moments))
+            preprocess=args.preprocess, moments=args.moments), held_lock=args.held_lock)
     finally:  # as in _eval: destroy the process group before the interpreter exits
+        if args.held_lock is not None:
+            args.held_lock.release()
         shutdown_distributed()
     print(f"{meta['num_samples']} latents {meta['latent_shape']} in {len(meta['shards'])} shard(s) -> {args.out} "
           f"(skipped {len(meta['skipped'])})")
@@ -407,6 +428,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)  # --help and argument errors end here, before torch is imported
+    args.held_lock = None
+    if args.command == "encode":
+        from looprun.run_lock import RunLockedError
+
+        try:
+            args.held_lock = _early_lock(args.out, "loopvae encode")
+        except RunLockedError as err:
+            print(f"loopvae encode: error: {err}", file=sys.stderr)
+            return 2
     from looprun.cli_errors import run_command
     from looprun.speed import apply_speed_arguments
 

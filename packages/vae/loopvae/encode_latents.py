@@ -332,15 +332,31 @@ def _shard_damage(target: Path, record: dict[str, Any]) -> str | None:
     return None
 
 
-def encode_dataset(checkpoint: str | Path, data: str, out_dir: str | Path, options: EncodeOptions
-                   ) -> dict[str, Any]:
+def encode_dataset(checkpoint: str | Path, data: str, out_dir: str | Path, options: EncodeOptions,
+                   held_lock: RunLock | None = None) -> dict[str, Any]:
     """Encode every image of ``data`` into latent shards in ``out_dir`` and write ``latents.json``.
 
     Returns the metadata. Under torchrun every rank encodes its own input shards (``i % world_size ==
-    rank``); rank 0 writes the metadata after all ranks finished and checks the sample counts.
+    rank``); rank 0 writes the metadata after all ranks finished and checks the sample counts. ``held_lock``:
+    ``out``'s run lock, already taken by the caller (the command line takes it before its heavy imports).
     """
     ctx = init_distributed(options.device)
     out = Path(out_dir)
+    # an existing --out is locked before anything is loaded: a second encode into a busy folder fails at once,
+    # while the first is still running (a new --out is created and locked only after the checks below)
+    early = held_lock
+    if early is None and ctx.is_main and out.is_dir() and os.access(out, os.W_OK):
+        early = RunLock(out, "loopvae encode")
+    try:
+        return _encode_checked(ctx, checkpoint, data, out, options, early)
+    finally:
+        if early is not None and held_lock is None:  # a lock the caller holds is the caller's to release
+            early.release()
+
+
+def _encode_checked(ctx, checkpoint: str | Path, data: str, out: Path, options: EncodeOptions,
+                    early: RunLock | None) -> dict[str, Any]:
+    """:func:`encode_dataset` after an existing ``out`` was locked (``early``)."""
     # the checkpoint and the data are checked before --out is created: a failed start leaves nothing behind
     loaded = load_tokenizer(checkpoint, options.weights)
     model = loaded.model.to(ctx.device).eval()
@@ -353,7 +369,7 @@ def encode_dataset(checkpoint: str | Path, data: str, out_dir: str | Path, optio
                          + ("drop --sample (the reader draws the samples)" if options.sample else
                             f"a {type(model).__name__} has no posterior (its latent is deterministic); drop --moments"))
     lock = None
-    if ctx.is_main:
+    if ctx.is_main and early is None:
         prepare_output_dir(out)  # a read-only or full --out: one line, not a traceback
         lock = RunLock(out, "loopvae encode")  # one encode per --out: a second one would delete our temporaries
     try:
