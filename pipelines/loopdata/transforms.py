@@ -38,7 +38,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from PIL import Image
 from timm.data.auto_augment import RandAugment, rand_augment_transform
+from timm.data.auto_augment import posterize as timm_posterize
 from timm.data.transforms import str_to_pil_interp
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
@@ -158,6 +160,20 @@ def randaugment_config_string(opt: ClassificationOptions) -> str | None:
     return f"rand-m{m}{ops}-mstd{opt.randaugment_mstd:g}-inc{int(bool(opt.randaugment_increasing))}"
 
 
+def posterize_keep_bits(img: Image.Image, bits_to_keep: int, **_: object) -> Image.Image:
+    """Keep the ``bits_to_keep`` most significant bits of every channel (0 bits: a black image).
+
+    timm's ``PosterizeIncreasing`` asks for 0 bits at the top of its magnitude range (m = 10, which ``mstd``
+    noise reaches from m9), as TensorFlow's RandAugment does; Pillow >= 11 refuses 0 (``bits must be between
+    or equal to 1 and 8``), which stopped DeiT-recipe training at a random step. The lookup table is the
+    one ``ImageOps.posterize`` applies for 1..8 bits, extended to 0.
+    """
+    if bits_to_keep >= 8:
+        return img
+    mask = ~(2 ** (8 - max(0, bits_to_keep)) - 1)
+    return img.point([i & mask for i in range(256)] * len(img.getbands()))
+
+
 class TimmRandAugment:
     """timm's RandAugment (:func:`timm.data.auto_augment.rand_augment_transform`) on uint8 ``(3, H, W)`` tensors.
 
@@ -194,6 +210,9 @@ class TimmRandAugment:
                 f"randaugment_config={config!r} is not a valid timm RandAugment string ({err or 'unknown section'}); "
                 "sections: m<int> magnitude, n<int> ops, mstd<float>, mmax<int>, p<float>, inc<0|1>, t<name>"
             ) from None
+        for op in transform.ops:
+            if op.aug_fn is timm_posterize:
+                op.aug_fn = posterize_keep_bits
         self.config = config
         self.transform: RandAugment = transform
 

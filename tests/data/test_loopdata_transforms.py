@@ -239,3 +239,23 @@ def test_randaugment_options_build_the_timm_string_and_bad_values_are_named():
         build_transforms("classification", True, 32, make_options("classification", randaugment_config="rand-q5"))
     with pytest.raises(ValueError, match="repeated_aug must be an integer >= 1"):
         build_transforms("classification", True, 32, make_options("classification", repeated_aug=0))
+
+
+def test_randaugment_posterize_at_the_top_of_the_magnitude_range_does_not_crash() -> None:
+    """m10 (which DeiT's m9 reaches through mstd noise) asks timm's PosterizeIncreasing for 0 bits; Pillow >= 11
+    refuses 0, which stopped training at a random step. 0 bits is a black image, 1..7 match ImageOps.posterize."""
+    from PIL import Image, ImageOps
+
+    from loopdata.transforms import posterize_keep_bits
+
+    img = Image.fromarray(np.random.default_rng(0).integers(0, 256, (8, 8, 3), dtype=np.uint8))
+    assert np.asarray(posterize_keep_bits(img, 0)).max() == 0
+    for bits in range(1, 8):
+        assert np.array_equal(np.asarray(posterize_keep_bits(img, bits)), np.asarray(ImageOps.posterize(img, bits)))
+    assert posterize_keep_bits(img, 8) is img
+    ra = TimmRandAugment("rand-m10-n1-mstd0-inc1-p1.0", 32, (0.5, 0.5, 0.5))  # p1.0: every op applies
+    posterize = [op for op in ra.transform.ops if op.name == "PosterizeIncreasing"]
+    assert posterize and posterize[0].aug_fn is posterize_keep_bits
+    ra.transform.ops = posterize  # every call now posterizes at magnitude 10: 0 bits
+    image = torch.randint(0, 256, (3, 32, 32), dtype=torch.uint8)
+    assert int(ra(image).max()) == 0
