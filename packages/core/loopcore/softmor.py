@@ -18,8 +18,8 @@ the fused state is ``sum_r alpha_r h^(r)``. Modes:
   ``R = 4`` it costs a quarter of ``token``'s router GEMMs, with nearly the same parameters:
   ``2d + d^2 + d + R = d^2 + 3d + R``. The query's linear starts at zero (= ``mean``). It is the default
   because ``token``'s router alone adds 7.2% MACs to SR-ViT-S at R = 4 (over the 5% budget) while
-  ``query`` adds 1.8% and matched ``token``'s accuracy in the recurrence study (docs/benchmarks.md,
-  docs/study_recursion.md; CPU timings there vary more between runs than these differences).
+  ``query`` adds 1.8% (docs/benchmarks.md). Accuracy did not decide it: in the recurrence study neither
+  router was shown better than the other (the difference was inconclusive, docs/study_recursion.md).
 
 Tokens are pixels for ``(B, C, H, W)`` maps (``features_last=False``) and the leading positions
 for ``(B, ..., C)`` tensors.
