@@ -46,12 +46,12 @@ def render(root: Path = ROOT) -> str:
             rows.append(f"| [sharing](docs/study_sharing.md) | {pid}: {text} | – | running ({done} of 24 seeded "
                         f"runs finished) | pre-registered, not read yet |")
     results = json.loads((root / "docs/study_fair/results.json").read_text())
-    fair, runs = results["computed"], results["runs"]
+    fair, train_seconds = results["computed"], {r["name"]: r["train_seconds"] for r in results["runs"]}
     comps = {(c["a"], c["b"]): c for c in fair["primary"]["comparisons"] if c["metric"] == "psnr"}
 
     def seconds(arm: str) -> float:
         names = fair["arms"][arm]
-        return sum(runs[n]["train_seconds"] for n in names) / len(names)
+        return sum(train_seconds[n] for n in names) / len(names)
 
     for pid, text, a, b in FAIR:
         c = comps[(a, b)]

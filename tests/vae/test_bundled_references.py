@@ -93,7 +93,7 @@ def test_compare_runs_from_the_bundled_assets_alone(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_release_references_end_to_end_at_a_tiny_budget(tmp_path: Path) -> None:
-    """``benchmarks/release_references.py`` at 4 steps: both references train at their searches' picks, are
+    """``studies/_release_references.py`` at 4 steps: both references train at their searches' picks, are
     measured and bundled as loadable diffusers folders with card and release.json (~5 min)."""
     import subprocess
     import sys
@@ -103,7 +103,7 @@ def test_release_references_end_to_end_at_a_tiny_budget(tmp_path: Path) -> None:
     if find_shared_data() is None:
         pytest.skip("the release trains on ../shared/data (the ImageNet sample)")
     bundles = tmp_path / "bundles"
-    subprocess.run([sys.executable, str(repo_root() / "benchmarks" / "release_references.py"), "--steps", "4",
+    subprocess.run([sys.executable, str(repo_root() / "studies" / "_release_references.py"), "--steps", "4",
                     "--runs", str(tmp_path / "runs"), "--bundle-dir", str(bundles), "--docs", str(tmp_path / "docs")],
                    check=True, cwd=repo_root())
     smoke = json.loads((tmp_path / "docs" / "references-smoke.json").read_text())
@@ -177,3 +177,22 @@ def test_the_release_card_of_an_autoencoderdc_is_tagged_as_one() -> None:
         assert library == "diffusers" and tag in tags and not {"autoencoderkl", "autoencoderdc", "loopvae"} - {tag} \
             & set(tags), (name, tags)
         assert f"- {tag}\n" in render_model_card(model, {})
+
+
+def test_the_release_driver_plans_and_writes_what_references_json_and_the_cards_record(tmp_path: Path,
+                                                                                        monkeypatch) -> None:
+    """``studies/_release_references.py`` trains each reference at its fair-study pick for the bundled LoopVAE's
+    crops (what references.json recorded), and its card writer reproduces the committed cards."""
+    monkeypatch.syspath_prepend(str(repo_root() / "studies"))
+    import _release_references as rr
+
+    recorded = json.loads((repo_root() / "docs/study_loopvae/references.json").read_text())["references"]
+    assert set(recorded) == set(REFERENCES)
+    for name, r in recorded.items():
+        arm, record = rr.reference_arm(r["family"], None, repo_root() / "docs/study_fair")
+        assert arm.name == f"{name}-s0" and record == {k: r[k] for k in record}
+        assert f"max_steps={r['steps']}" in arm.overrides and arm.overrides[-len(r["recipe"]):] == r["recipe"]
+        (tmp_path / name).mkdir()
+        rr.write_card(tmp_path / name, r)
+        assert (tmp_path / name / "README.md").read_text() == _card(name).replace(
+            "benchmarks/release_references.py", "studies/_release_references.py")  # the driver's new place

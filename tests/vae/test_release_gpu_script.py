@@ -9,7 +9,7 @@ from pathlib import Path
 from loopvae import LoopVAE
 from lv_testing import data_urls
 
-SCRIPT = str(Path(__file__).resolve().parents[2] / "benchmarks" / "release_vae_gpu.py")
+SCRIPT = str(Path(__file__).resolve().parents[2] / "studies" / "_release_vae_gpu.py")
 
 
 def test_prepare_run_bundle_on_cpu(tmp_path: Path) -> None:

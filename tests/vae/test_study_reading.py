@@ -1,4 +1,6 @@
-"""The LoopVAE study's reading is computed from its numbers: change the numbers, the sentences change."""
+"""The LoopVAE study's reading is computed from its numbers: change the numbers, the sentences change
+(``studies/vae.py``, ``studies/_loopvae_pages.py``); the release page and the bundled model's card read the
+committed result files (``studies/release_vae.py``), and both specs plan the runs their result files hold."""
 
 import json
 import sys
@@ -6,8 +8,15 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from study_loopvae_report import anytime_reading, per_image_criteria, reading  # noqa: E402
+from looprun.study import ResultStore, load_study
+from looprun.study.page import render
+
+ROOT = Path(__file__).resolve().parents[2]
+STUDY, RELEASE = load_study("vae", ROOT), load_study("release-vae", ROOT)
+sys.path.insert(0, str(ROOT / "studies"))  # load_study put it there too; said here for the imports below
+from _loopvae_pages import anytime_reading, interventions_table, per_image_criteria  # noqa: E402
+from release_vae import psnr_at, references_lines, view, write_card  # noqa: E402
+from vae import reading  # noqa: E402
 
 GROUPS = {"global": ["global-s0", "global-s1"], "reference": ["flux-vae-tiny-s0", "flux-vae-tiny-s1"],
           "scale": ["scale-s0"], "none": ["none-s0"], "shortcuts": ["shortcuts-s0"],
@@ -103,9 +112,11 @@ def test_per_image_counts_follow_the_images() -> None:
     # one image whose third pass lowers PSNR: monotone on 3 of 4
     dec["prefix"][2]["per_image"]["psnr"][1] = 25.0
     assert per_image_criteria(iv, dec)["monotone"] == N - 1
-    line = _line(reading(r), "- decoder 2x")
-    assert "monotone on 3/4 images" in line and "4/4, 0/4, 4/4, 4/4" in line
-    assert "worst bypass is pass 3 on 4/4 images (not the last pass" in line
+    row = _line(interventions_table(iv), "| decoder | 2x")
+    assert "| 3/4 | 4/4, 0/4, 4/4, 4/4 | pass 3: 4 |" in row
+    # the worst bypass: the last pass in encoder 4x (its second bypass loses more), not in decoder 2x (pass 3)
+    line = _line(reading(r), "- **Interventions, per image")
+    assert "the worst bypass is the last pass in 1 of the 2 looped stages (encoder 4x)" in line
 
 
 @pytest.mark.parametrize("prefix,expect", [
@@ -134,13 +145,9 @@ def test_deep_supervision_is_compared_per_image_with_the_plain_run() -> None:
 def test_the_release_by_image_comparisons_are_descriptive(tmp_path: Path) -> None:
     """The bundled model against its reference and bicubic: one run each, so the page and the card give the
     by-image intervals without a verdict and point to the seed-level comparison."""
-    from release_vae import write_card
-    from release_vae_report import release_section
-
-    folder = Path(__file__).resolve().parents[2] / "docs" / "study_loopvae"
-    release = json.loads((folder / "release.json").read_text())
+    release = view(ResultStore(ROOT, RELEASE.docs).all())
     assert release["comparisons"]["imagenet"]["vs_reference_psnr"]["verdict"] == "better"  # stored, not shown
-    lines = release_section(release, folder)
+    lines = render(RELEASE, ROOT, write=False)[0].splitlines()
     by_image = [line for line in lines if line.startswith(("- kodim21–24:", "- 40 held-out ImageNet images:"))]
     assert len(by_image) == 2 and "LoopVAE − reference PSNR +2.64 dB [+2.36, +2.92]" in by_image[1]
     assert not any(w in line for line in by_image for w in VERDICT_WORDS)
@@ -151,7 +158,7 @@ def test_the_release_by_image_comparisons_are_descriptive(tmp_path: Path) -> Non
     table = card.split("## Measured")[1].split("Decoder finest stage")[0]
     # the card compares with the tuned references bundled beside it (one run each: numbers, no verdict), not with
     # the untuned flux-vae-tiny
-    refs = json.loads((folder / "references.json").read_text())["references"]
+    refs = json.loads((ROOT / "docs/study_loopvae/references.json").read_text())["references"]
     dcae = refs["dcae-tiny"]["eval"]["imagenet"]
     assert f"{dcae['psnr']:.2f} / {dcae['ssim']:.3f}" in table and "`dcae-tiny` (AutoencoderDC" in table
     assert "flux-vae-tiny" not in table and "+2.64" not in table and "docs/study_fair.md" in table
@@ -169,12 +176,10 @@ def _reference(psnr: float, bicubic: float, bundled: bool) -> dict:
 
 
 def test_the_references_section_says_which_reference_was_refused_and_why() -> None:
-    from release_vae_report import references_section
-
     refs = {"command": "make release-references", "date": "2026-12-07",
             "references": {"klvae-tiny-w32-attn": _reference(24.9, 25.3, False), "dcae-tiny": _reference(30.1, 25.3,
                                                                                                            True)}}
-    text = "\n".join(references_section(refs, None))
+    text = "\n".join(references_lines(refs, None))
     rows = {line.split(" | ")[0]: line for line in text.splitlines() if line.startswith("| `")}
     assert rows["| `dcae-tiny`"].endswith("| 25.30 | yes |") and "30.10 / 0.8000" in rows["| `dcae-tiny`"]
     assert "| no: klvae: 24.90 dB on the held-out images is not above bicubic (25.30 dB) |" in rows[
@@ -183,3 +188,28 @@ def test_the_references_section_says_which_reference_was_refused_and_why() -> No
     # the last fifth of the steps (6,000 -> 7,500) added 2 x 0.2 dB: still rising, said with the numbers
     assert ("- `dcae-tiny`: 29.70 → 29.90 → 30.10 dB at steps 6,000, 6,750, 7,500; steps 6,000 → 7,500: +0.40 dB."
             in text)
+
+
+def test_the_specs_plan_exactly_the_runs_of_the_migrated_result_files() -> None:
+    """The split result files (docs/study_loopvae/migration.json) are the runs the specs plan, with the settings
+    they ran with: a rerun trains nothing that is committed, and a missing file is planned again."""
+    for study, count in ((STUDY, 9), (RELEASE, 12)):
+        records = ResultStore(ROOT, study.docs).all()
+        planned = [p for phase in study.plan_phases() for p in phase.plan(study, records)]
+        assert sorted(p.id for p in planned) == sorted(records) and len(planned) == count
+        for p in planned:
+            if p.phase in ("study", "release"):  # the search's width96 arm renamed a key since (norm_num_groups)
+                assert records[p.id]["settings"] == dict(p.settings), p.id
+    without = {k: r for k, r in ResultStore(ROOT, RELEASE.docs).all().items() if k != "flux-vae-tiny-s0"}
+    assert [p.id for p in RELEASE.plan_phases()[2].plan(RELEASE, without)] == []  # the bundle waits for both runs
+
+
+def test_the_search_reading_recomputes_the_committed_picks() -> None:
+    """The PSNR at matched CPU time is recomputed from the curves: it equals what the search committed."""
+    runs = {r["arm"]: r for r in ResultStore(ROOT, RELEASE.docs).all().values() if r["phase"] == "search"}
+    invocation = json.loads((ROOT / "docs/study_loopvae/invocations.json").read_text())["recipe-search"]
+    seconds = min(r["curve"][-1]["train_seconds"] for r in runs.values())
+    assert seconds == invocation["matched_seconds"]
+    assert all(psnr_at(r["curve"], seconds) == r["at_matched"] for r in runs.values())
+    assert max(runs, key=lambda n: runs[n]["at_matched"]) == invocation["best"] == "lr2e-3+mse"
+    assert "Best at matched CPU time: **lr2e-3+mse**." in render(RELEASE, ROOT, write=False)[0]

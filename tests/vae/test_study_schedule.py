@@ -1,49 +1,61 @@
-"""The schedule study: arms that the trainer accepts, verdicts and dominance computed from the numbers,
-per-image intervention summaries, ``loopvae profile --quality`` and (slow) the whole driver at a tiny budget."""
+"""The schedule study (``studies/schedule.py``): arms that the trainer accepts, the plan, verdicts and dominance
+computed from the numbers, per-image intervention summaries, the committed page's results read by ``loopvae profile
+--quality``, and (slow) every run through the engine at a tiny budget."""
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 import loopvae
+from looprun.study import load_study
 from loopvae.cli import main as loopvae_main
 from loopvae.profile import load_quality, pareto_front
 from loopvae.train_config import load_train_config
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
-sys.path.insert(0, str(BENCH))
-from study_schedule import REFERENCE, schedule_arms  # noqa: E402
-from study_schedule_report import (  # noqa: E402
-    compare,
-    dominance,
-    intervention_summary,
-    pareto_set,
-    reading,
-    same_configuration_pairs,
-    trained_at_exit_lines,
-)
+ROOT = Path(__file__).resolve().parents[2]
+STUDY = load_study(ROOT / "studies" / "schedule.py")
+spec = sys.modules[STUDY.run.__module__]
+REFERENCE = spec.REFERENCE
+compare, dominance, intervention_summary, pareto_set, reading, same_configuration_pairs, trained_at_exit_lines = (
+    spec.compare, spec.dominance, spec.intervention_summary, spec.pareto_set, spec.reading,
+    spec.same_configuration_pairs, spec.trained_at_exit_lines)
 
 N = 6  # images of the fake evaluations
 
 
 def test_every_arm_is_a_valid_training_config_with_its_schedule() -> None:
-    arms = schedule_arms()
-    names = [a.name for a in arms]
-    assert {"paper", "dec-1-2-1", "dec-1-2-2", "dec-4-2-1", "dec-2-2-2", REFERENCE} <= set(names)
-    for arm in arms:
-        for seed in arm.seeds:
-            cfg = load_train_config("release-tiny", arm.overrides(seed, 1500))
-            assert cfg.max_steps == 1500 and cfg.seed == seed and cfg.model == arm.model_name()
-            model = loopvae.create_model(cfg.model, **cfg.model_overrides)
-            if arm.is_loopvae:
-                assert list(model.config.decoder_passes) == list(arm.decoder_passes)
-                assert list(model.config.encoder_passes) == list(arm.encoder_passes)
-                assert model.config.shortcuts is True
+    planned = spec.plan_main(STUDY, {})
+    names = {p.arm for p in planned}
+    assert {"paper", "dec-1-2-1", "dec-1-2-2", "dec-4-2-1", "dec-2-2-2", REFERENCE} <= names
+    for p in planned:
+        assert p.id == f"{p.arm}-s{p.seed}" and p.settings["steps"] == 1500
+        cfg = load_train_config("release-tiny", spec.overrides(p.settings, p.seed, 1500))
+        assert cfg.max_steps == 1500 and cfg.seed == p.seed and cfg.model == p.settings["model"]
+        model = loopvae.create_model(cfg.model, **cfg.model_overrides)
+        passes = p.settings["model_overrides"]
+        if passes:
+            assert list(model.config.decoder_passes) == passes["decoder_passes"]
+            assert list(model.config.encoder_passes) == passes["encoder_passes"]
+            assert model.config.shortcuts is True
+        else:
+            assert p.arm == REFERENCE and cfg.model == REFERENCE
     # the arms the dominance question rests on carry >= 2 seeds
-    assert all(len(a.seeds) >= 2 for a in arms if a.name in ("paper", "dec-1-2-1", "dec-1-2-2", REFERENCE))
+    seeds = {arm: [p.seed for p in planned if p.arm == arm] for arm in names}
+    assert all(len(seeds[a]) >= 2 for a in ("paper", "dec-1-2-1", "dec-1-2-2", REFERENCE))
+    assert len(planned) == 15
+
+
+def test_the_measure_run_waits_for_every_main_run() -> None:
+    main = spec.plan_main(STUDY, {})
+    finished = {p.id: {"status": "finished"} for p in main}
+    assert spec.plan_measure(STUDY, {}) == []
+    assert spec.plan_measure(STUDY, {**finished, main[-1].id: {"status": "failed"}}) == []
+    (measure,) = spec.plan_measure(STUDY, finished)
+    arms = measure.settings["arms"]
+    assert measure.id == "measure" and list(arms) == [a.name for a in STUDY.arms]  # spec order: the page's rows
+    assert arms["paper"] == ["paper-s0", "paper-s1", "paper-s2"] and arms["paper-ds"] == ["paper-ds-s0"]
 
 
 def _wobble(seed: int, i: int) -> int:
@@ -90,19 +102,21 @@ def test_dominance_needs_all_three_criteria_and_a_seed_paired_win() -> None:
     assert dom["dec-2-2-2"]["psnr_by_seed"] == "inconclusive" and not dom["dec-2-2-2"]["dominates"]
     assert dom["dec-4-2-1"]["psnr_by_seed"] == "inconclusive"
     text = "\n".join(reading({"rows": {**rows, "paper": {**rows["paper"]}}, "reference": REFERENCE,
-                              "dominance": dom, "pareto": pareto_set(rows)}))
+                              "dominance": dom, "pareto": pareto_set(rows), "dcae_tiny_gmacs": 3.64}))
     assert "Dominance reached" in text and "dec-1-2-1" in text.split("\n")[0]
 
     dom["dec-1-2-1"].update(dominates=False, weights_ok=False)  # the same numbers without the weight cap met
-    text = "\n".join(reading({"rows": rows, "reference": REFERENCE, "dominance": dom, "pareto": []}))
+    text = "\n".join(reading({"rows": rows, "reference": REFERENCE, "dominance": dom, "pareto": [],
+                              "dcae_tiny_gmacs": 3.5}))
     assert "No arm dominates" in text and "misses by the weight cap alone" not in text
     # the two-axis line names its reference as untuned and sets the arm's MACs against the tuned dcae-tiny
     assert "an untuned reference at LoopVAE's recipe" in text and "the tuned `dcae-tiny`" in text
+    assert "does 3.50 GMACs, so against it these arms cost dec-1-2-1 1.40×, dec-1-2-2 1.40× its MACs" in text
 
 
 def _read(rows: dict) -> list[str]:
     return reading({"rows": rows, "reference": REFERENCE, "dominance": dominance(rows, REFERENCE),
-                    "pareto": pareto_set(rows)})
+                    "pareto": pareto_set(rows), "dcae_tiny_gmacs": 3.64})
 
 
 def test_by_image_differences_carry_no_verdict_and_stand_beside_null_rows() -> None:
@@ -181,6 +195,41 @@ def test_an_early_exit_is_set_against_the_arm_trained_at_its_schedule() -> None:
     assert trained_at_exit_lines({"rows": rows, "anytime": anytime(25.5)}) == []
 
 
+def test_a_runs_quality_pools_both_held_out_sets_kodak_first() -> None:
+    row = lambda key, psnr: {"key": key, "shard": "s.tar", "psnr": psnr, "ssim": psnr / 100, "bicubic_psnr": psnr - 2}
+    evaluation = {"imagenet": [row("n1", 30.0), row("n2", 32.0), row("n3", 34.0)], "kodak": [row("kodim21", 20.0)]}
+    q = spec.seed_quality(evaluation)
+    assert q["keys"] == ["kodak/kodim21", "imagenet/n1", "imagenet/n2", "imagenet/n3"]
+    assert q["per_image_psnr"] == [20.0, 30.0, 32.0, 34.0] and q["per_image_ssim"] == [0.2, 0.3, 0.32, 0.34]
+    assert q["psnr"] == 29.0 and q["psnr_kodak"] == 20.0 and q["psnr_imagenet"] == 32.0  # pooled over images
+    assert q["bicubic_psnr"] == 27.0 and q["ssim"] == pytest.approx(0.29)
+
+
+def test_anytime_table_scores_and_times_every_decoder_schedule(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from loopvae.metrics import psnr_per_image, to_uint8
+
+    # one timing round of one call and three schedules: the protocol, at a unit test's cost
+    monkeypatch.setattr(spec, "ROUNDS", 1)
+    monkeypatch.setattr(spec, "ITERS", 1)
+    monkeypatch.setattr(spec, "ANYTIME", ([1, 2, 4], [1, 2, 2], [1, 1, 1]))
+    torch.manual_seed(0)
+    model = loopvae.create_model("loopvae-cnn-tiny", shortcuts=True).eval()
+    images = torch.rand(3, 3, 32, 32) * 2 - 1
+    with torch.no_grad():
+        rows = spec.anytime_table({"m": model}, images)["m"]
+        full = psnr_per_image(to_uint8(model.decode(model.encode(images).latent_dist.mode()).sample),
+                              to_uint8(images))
+    assert [r["decoder_passes"] for r in rows] == [list(s) for s in spec.ANYTIME]
+    assert rows[0]["per_image_psnr"] == pytest.approx(full.tolist())  # the first row is the trained schedule
+    assert all(len(r["per_image_psnr"]) == 3 and r["psnr"] == pytest.approx(sum(r["per_image_psnr"]) / 3)
+               for r in rows)
+    assert all(r["decode_ms"]["min"] <= r["decode_ms"]["median"] <= r["decode_ms"]["max"] for r in rows)
+    gmacs = [r["decode_gmacs"] for r in rows]  # [1, 2, 4] > [1, 2, 2] > [1, 1, 1]
+    assert gmacs == sorted(gmacs, reverse=True) and len(set(gmacs)) == len(gmacs) and gmacs[-1] > 0
+
+
 def test_pareto_front_keeps_only_non_dominated_points() -> None:
     points = {"a": (1.0, 5.0, 30.0), "b": (1.0, 6.0, 29.0), "c": (3.0, 4.0, 29.5), "d": (1.0, 5.0, 30.0)}
     assert pareto_front(points) == ["a", "c", "d"]  # b is beaten by a on every axis; a and d tie: both stay
@@ -246,19 +295,34 @@ def test_profile_quality_file_errors_name_the_file(tmp_path: Path, capsys: pytes
     assert str(bad) in capsys.readouterr().err
 
 
+def test_the_committed_results_feed_loopvae_profile() -> None:
+    """``loopvae profile --quality docs/study_schedule/results.json`` reads the rows the page's render writes."""
+    entries = {e["label"]: e for e in load_quality(ROOT / "docs/study_schedule/results.json")}
+    assert list(entries) == [a.name for a in STUDY.arms]
+    assert entries["dec-1-2-1"]["overrides"]["decoder_passes"] == [1, 2, 1] and entries[REFERENCE]["overrides"] == {}
+    assert round(entries["paper"]["psnr"], 2) == 27.46 and round(entries["paper"]["psnr_sd"], 2) == 0.06
+
+
 @pytest.mark.slow
-def test_the_study_driver_end_to_end_at_a_tiny_budget(tmp_path: Path) -> None:
-    """Every arm's job (train, evaluate, intervene), then the report, at 2 steps and 2 images per set (~10 min)."""
+def test_every_run_through_the_engine_at_a_tiny_budget(tmp_path: Path) -> None:
+    """Three arms' runs (train, evaluate, intervene), the measure run and the page, through the engine's local pool
+    at 2 steps and 2 intervention / any-time images (~10 min)."""
+    from dataclasses import replace
+
     from loopdata import find_shared_data
+    from looprun.study.engine import run_study
+    from looprun.study.executors import LocalPool
+    from looprun.study.page import render
 
     if find_shared_data() is None:
         pytest.skip("the schedule study needs ../shared/data (the ImageNet sample)")
-    out = tmp_path / "docs" / "study_schedule.md"
-    subprocess.run([sys.executable, str(BENCH / "study_schedule.py"), "--runs", str(tmp_path / "runs"),
-                    "--data-dir", str(tmp_path / "data"), "--steps", "2", "--eval-limit", "2", "--only", "dec-1-2-1",
-                    "--out", str(out)], check=True)
-    text = out.read_text()
+    study = replace(STUDY, arms=[STUDY.arm(a) for a in ("paper", "dec-1-2-1", REFERENCE)])
+    runs = tmp_path / "runs"
+    counts = run_study(study, LocalPool(2, runs), docs_root=tmp_path, code_root=ROOT, workdir=runs,
+                       options={"steps": 2, "eval_limit": 2, "data_dir": str(tmp_path / "data")})
+    assert counts == {"planned": 10, "ran": 10, "failed": 0}
+    text, results = render(study, tmp_path)
     assert "dec-1-2-1" in text and "Pareto set" in text and "decoder_passes" in text
-    result = json.loads((out.with_suffix("") / "results.json").read_text())
-    assert set(result["rows"]) == {"paper", "dec-1-2-1", REFERENCE}
-    assert (out.with_suffix("") / "frontier.png").is_file() and (out.with_suffix("") / "anytime.png").is_file()
+    assert set(results["rows"]) == {"paper", "dec-1-2-1", REFERENCE}
+    docs = tmp_path / "docs" / "study_schedule"
+    assert (docs / "frontier.png").is_file() and (docs / "anytime.png").is_file()

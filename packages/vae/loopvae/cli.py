@@ -410,8 +410,25 @@ def _compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_study(sub: argparse._SubParsersAction) -> None:
+    from looprun.study.cli import __doc__ as usage
+    from looprun.study.cli import add_arguments
+
+    p = sub.add_parser(
+        "study", formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="a study spec (studies/<name>.py): plan, run and resume its seeded runs, render its page",
+        description=usage + "\nGuide: docs/studies.md (how to write a spec; the sharing study as the example).")
+    add_arguments(p)
+
+
+def _study(args: argparse.Namespace) -> int:
+    from looprun.study.cli import run
+
+    return run(args)
+
+
 COMMANDS = {"train": _train, "eval": _eval, "intervene": _intervene, "latent-stats": _latent_stats,
-            "profile": _profile, "demo": _demo, "encode": _encode, "compare": _compare}
+            "profile": _profile, "demo": _demo, "encode": _encode, "compare": _compare, "study": _study}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -421,7 +438,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     for add in (_add_train, _add_eval, _add_compare, _add_intervene, _add_latent_stats, _add_encode, _add_profile,
-                _add_demo):
+                _add_demo, _add_study):
         add(sub)
     return parser
 

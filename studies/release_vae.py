@@ -1,0 +1,416 @@
+"""The bundled CPU tokenizer: its recipe search, release run and bundle -> ``assets/models/loopvae-cnn-tiny``,
+``docs/study_loopvae/release.md``, shown in ``docs/study_loopvae.md`` (``make recipe-search-vae``, ``release-vae``).
+
+Phases: ``search`` (one-change arms at the base recipe :data:`BASE_RECIPE`, ~6.5 CPU-minutes each, scored by
+validation PSNR at the CPU time every arm reached), ``release`` (``loopvae-cnn-tiny`` at the preset's recipe and
+``flux-vae-tiny`` at the same images seen, evaluated at 256^2 on kodim21-24 and 40 held-out ImageNet images) and
+``bundle`` (latent statistics, both models paired by image, interventions, the bundle and its card). One thread per
+run; validation on 40 images disjoint from training and the reported sets. Options: ``scale=F`` (search), ``steps=N``
+(release; bundles only to ``bundle=DIR``), ``shared=DIR``. ``python studies/release_vae.py card``: the card again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import _loopvae_pages as lp
+import _vae_runs as vr
+
+from looprun.statistics import PairedDifference, paired_difference
+from looprun.study import Arm, Budget, Metric, Phase, PlannedRun, ResultStore, RunContext, Study
+from looprun.study import page as std
+from looprun.study.page import Page
+from looprun.study.tables import md_table
+
+PRESET, COMMAND, DOCS = "release-tiny", "make release-vae", "docs/study_loopvae/release"
+LOOPVAE, REFERENCE, BUNDLE = "loopvae-s0", "flux-vae-tiny-s0", "assets/models/loopvae-cnn-tiny"
+REFERENCES_FILE = Path("docs/study_loopvae/references.json")  # written by make release-references
+BASE_STEPS = 500  # ~6.5 minutes of one core (two runs sharing the machine) at 8 crops of 64^2
+# Pinned here so that the preset can carry the search's outcome: release-tiny's lr and loss before the search.
+BASE_RECIPE = ("warmup_steps=50", "lr=1.0e-3", "mse_weight=0.0")
+
+
+def search_arm(name: str, change: str, overrides: tuple[str, ...] = (), steps: int = BASE_STEPS) -> Arm:
+    return Arm(name, settings={"change": change, "set": list(overrides), "steps": steps})
+
+
+ARMS = [  # the search, most expensive first (two run at a time), then the release's two runs
+    # width 96 is the next width at which every shortcut applies (a multiple of 12, 16 and 3); ~3x the cost
+    search_arm("width96", "width 96 (K=2)", ("model_overrides={shortcuts: true, width: 96, norm_num_groups: 16}",),
+               BASE_STEPS // 2),
+    search_arm("base", "base recipe (lr 1e-3, 8 x 64², L1, EMA 0.999, modulation x10)"),
+    search_arm("lr2e-3", "lr 2e-3", ("lr=2.0e-3",)),
+    search_arm("b32-c32", "32 crops of 32² (same pixels per step; images resized 6-8x the crop)",
+               ("batch_size=32", "resolution=32", "scale_jitter=[6.0,8.0]")),
+    search_arm("b4-c96", "4 crops of 96² (1.1x the pixels per step; images resized 2-2.67x the crop)",
+               ("batch_size=4", "resolution=96", "scale_jitter=[2.0,2.667]"),
+               round(BASE_STEPS * 8 * 64**2 / (4 * 96**2))),
+    search_arm("l1+mse", "L1 + 10 MSE (MSE's gradient is ~1/10 of L1's at the errors here)", ("mse_weight=10.0",)),
+    search_arm("ema0.99", "EMA decay 0.99", ("ema_decay=0.99",)),
+    # the two largest single-change gains together (added once lr2e-3 and l1+mse had both beaten base)
+    search_arm("lr2e-3+mse", "lr 2e-3 and L1 + 10 MSE together", ("lr=2.0e-3", "mse_weight=10.0")),
+    search_arm("mod1", "modulation_lr_scale 1 (one learning rate)", ("modulation_lr_scale=1.0",)),
+    Arm("loopvae", "LoopVAE (bundled)", {"id": LOOPVAE, "overrides": ["seed=0"]}),
+    Arm("reference", "flux-vae-tiny (reference)",
+        {"id": REFERENCE, "overrides": ["seed=0", "model=flux-vae-tiny", "model_overrides={}"]})]
+
+
+def plan(phase: str) -> Phase:
+    """The search's arms, the release's two runs, or the bundle once both have finished."""
+    def runs(study: Study, records: dict[str, dict[str, Any]]) -> list[PlannedRun]:
+        if phase == "bundle":
+            done = all(records.get(k, {}).get("status") == "finished" for k in (LOOPVAE, REFERENCE))
+            return [PlannedRun("bundle", "bundle", "bundle", PRESET, 0)] if done else []
+        release = phase == "release"  # the release's arms name their run; the search's are search-<arm>-s0
+        return [PlannedRun(a.settings.get("id", f"search-{a.name}-s0"), phase, a.name, PRESET if release else "search",
+                           0, {k: v for k, v in a.settings.items() if k != "id"})
+                for a in study.arms if ("id" in a.settings) == release]
+    return Phase(phase, runs, registered=False)
+
+
+def run(planned: PlannedRun, context: RunContext) -> dict[str, Any]:
+    """Train one search arm or release run (one thread, validation curve), or make the bundle."""
+    from loopvae.train_config import load_train_config
+
+    s, data, steps = planned.settings, vr.StudyData(**context.options["data"]), context.options.get("steps")
+    if planned.phase == "bundle":
+        return bundle_run(context, data, steps)
+    if planned.phase == "search":
+        n = max(4, round(s["steps"] * float(context.options.get("scale", 1.0))))
+        items = vr.train_overrides("loopvae-cnn-tiny", "{shortcuts: true}", n, s["set"], 0, 3, BASE_RECIPE)
+    else:
+        items = [*s["overrides"], *([] if steps is None else [
+            f"max_steps={steps}", f"eval_every={max(1, steps // 4)}", f"checkpoint_every={max(1, steps // 2)}",
+            f"image_every={steps}", f"log_every={max(1, steps // 10)}", "warmup_steps=1"])]
+    start, cfg = time.perf_counter(), load_train_config(PRESET, items)
+    record = vr.train_and_evaluate(planned.id, context.workdir, data, PRESET, items, evaluate=False)
+    facts = {"steps": cfg.max_steps, "num_train": data.num_train, "num_validation": data.num_validation}
+    if planned.phase == "search" or record["status"] != "finished":
+        return {**record, **facts, "change": s.get("change"), "batch": cfg.batch_size, "crop": cfg.resolution}
+    timings = vr.Timings(context.workdir.parent / f"{planned.id}.timings.json")
+    params, gmacs = vr.model_counts(cfg.model, dict(cfg.model_overrides))
+    return {**record, **facts, "wall_seconds": time.perf_counter() - start, "params": params, "gmacs": gmacs,
+            "eval": vr.evaluate_arm(context.workdir, data, "none", timings), "post_seconds": timings.data["post"],
+            "preset": PRESET, "batch_size": cfg.batch_size, "resolution": cfg.resolution, "ema_decay": cfg.ema_decay,
+            "images_seen": cfg.max_steps * cfg.batch_size, "num_holdout": data.num_holdout, "lpips_net": "none"}
+
+
+def write_latent_stats(release: Path, data: str, timings: vr.Timings, limit: int | None = None) -> dict[str, Any]:
+    """``loopvae latent-stats`` on ``data`` into ``release`` (once; timed), and what it measured."""
+    from loopvae.latent_stats import STATS_FILE
+
+    if not (release / STATS_FILE).is_file():
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "loopvae", "latent-stats", "--checkpoint", str(release), "--data", data,
+                        "--resolution", "256", "--num-workers", "0", "--no-progress",
+                        *([] if limit is None else ["--limit", str(limit)])], check=True)
+        timings.record("post", "latent-stats", time.perf_counter() - start)
+    return json.loads((release / STATS_FILE).read_text())
+
+
+def latent_moments(release: Path, urls: str) -> dict[str, float]:
+    """Mean and s.d. of the normalised posterior samples of ``urls`` at 256^2 (~0 and ~1 when the stats hold)."""
+    import torch
+
+    import loopdata
+    from loopvae.loading import load_artifact
+
+    model, gen, values = load_artifact(release).eval(), torch.Generator().manual_seed(0), []
+    with torch.no_grad():
+        for batch in loopdata.make_loader(urls, task="reconstruction", train=False, batch_size=8, num_workers=0,
+                                          resolution=256, rank=0, world_size=1):
+            z = model.encode(batch["image"]).latent_dist.sample(generator=gen)
+            values.append(((z - model.config.shift_factor) * model.config.scaling_factor).flatten())
+    z = torch.cat(values).double()
+    return {"mean": float(z.mean()), "std": float(z.std()), "num_values": z.numel()}
+
+
+def comparisons(runs: Path) -> dict[str, Any]:
+    """Per split: LoopVAE - reference and LoopVAE - bicubic, paired by image (PSNR and SSIM)."""
+    out: dict[str, Any] = {}
+    for split in ("kodak", "imagenet"):
+        ours, ref = (sorted(json.loads((runs / n / f"eval-{split}" / "per_image.json").read_text()),
+                            key=lambda r: (r["shard"], r["key"])) for n in (LOOPVAE, REFERENCE))
+        if [r["key"] for r in ours] != [r["key"] for r in ref]:
+            raise RuntimeError(f"{split}: the two evaluations saw different images")
+        col = {k: [r[k] for r in ours] for k in ("psnr", "ssim", "bicubic_psnr")}
+        out[split] = {"vs_reference_psnr": paired_difference(col["psnr"], [r["psnr"] for r in ref]).as_dict(),
+                      "vs_reference_ssim": paired_difference(col["ssim"], [r["ssim"] for r in ref]).as_dict(),
+                      "vs_bicubic_psnr": paired_difference(col["psnr"], col["bicubic_psnr"]).as_dict(),
+                      "margin_over_bicubic": sum(a - b for a, b in zip(col["psnr"], col["bicubic_psnr"])) / len(ours)}
+    return out
+
+
+def bundle_run(context: RunContext, data: vr.StudyData, steps: int | None) -> dict[str, Any]:
+    """The bundle phase, on the two finished release runs beside this one (``<workdir>/<run id>``)."""
+    from looprun.checkpoint import sha256_file
+    from looprun.release import WEIGHTS_NAME, release_weights_file
+
+    runs = context.workdir.parent
+    release, timings = runs / LOOPVAE / "release", vr.Timings(runs / "bundle.timings.json")
+    vr.keep_freed_memory_mapped()
+    stats = write_latent_stats(release, data.train, timings, None if steps is None else 16)
+    images, keys = vr.intervention_images(data.kodak_val, data.imagenet_holdout)
+    made = {"latent_stats": {k: stats[k] for k in ("shift_factor", "scaling_factor", "num_images", "resolution",
+                                                   "posterior")},
+            "heldout_latents": latent_moments(release, data.imagenet_holdout),
+            "kodak_latents": latent_moments(release, data.kodak_val), "comparisons": comparisons(runs),
+            "interventions": vr.run_interventions_on(runs / LOOPVAE, images, keys, timings),
+            "sha256": sha256_file(release_weights_file(release)), "post_seconds": timings.data["post"]}
+    if target := context.options.get("bundle", None if steps is not None else BUNDLE):
+        shutil.rmtree(context.root / target, ignore_errors=True)
+        (context.root / target).mkdir(parents=True)
+        for name in ("config.json", "release.json", "latent_stats.json"):
+            shutil.copy2(release / name, context.root / target / name)
+        shutil.copy2(release_weights_file(release), context.root / target / WEIGHTS_NAME)
+        write_card(context.root / target, view({**ResultStore(context.root, DOCS).all(), "bundle": made}))
+    return made
+
+
+def prepare(context: RunContext) -> dict[str, Any]:
+    data = vr.release_data(context.options.get("shared"), context.workdir / "data", "the release")
+    return {"data": dataclasses.asdict(data)}
+
+
+# -- the page ------------------------------------------------------------------------------------------
+def row(r: dict[str, Any]) -> dict[str, Any] | None:
+    if r.get("phase") not in ("search", "release") or r.get("status") != "finished" or not r["curve"]:
+        return None
+    scores = {f"{s}_{m}": r["eval"][s][m] for s in ("kodak", "imagenet") for m in ("psnr", "ssim")} if "eval" in r \
+        else {}
+    return {"arm": r["arm"], "budget": r["budget"], "seed": r["seed"], "final_psnr": r["curve"][-1]["psnr"],
+            **scores, "curve": [{"minutes": p["train_seconds"] / 60, "psnr": p["psnr"]} for p in r["curve"]]}
+
+
+def curves(page: Page, budget: str, name: str) -> list[str]:
+    """The validation curves of one budget's runs (``search`` / ``release-tiny``) in ``name``."""
+    sub = dataclasses.replace(page, rows=[r for r in page.rows if r["budget"] == budget])
+    return std.curves(sub, x="minutes", y="psnr", xlabel="CPU-minutes of training (1 thread)", name=name)[2:]
+
+
+def psnr_at(points: list[dict[str, Any]], seconds: float) -> float | None:
+    """Validation PSNR linearly interpolated at ``seconds`` of training (``None`` outside the curve)."""
+    for a, b in zip(points, points[1:], strict=False):
+        if a["train_seconds"] <= seconds <= b["train_seconds"]:
+            t = (seconds - a["train_seconds"]) / max(b["train_seconds"] - a["train_seconds"], 1e-9)
+            return a["psnr"] + t * (b["psnr"] - a["psnr"])
+    return None
+
+
+def search_section(page: Page) -> list[str]:
+    """The search's table (arms by PSNR at the CPU time every arm reached), its curves and its reading."""
+    runs = {r["arm"]: r for r in lp.finished(page, "search").values() if r["curve"]}
+    runs = {a.name: runs[a.name] for a in page.study.arms if a.name in runs}  # the spec's order
+    if "base" not in runs:
+        return ["## Recipe search for the bundled model (`make recipe-search-vae`)", "", "Not run yet.", ""]
+    seconds = min(r["curve"][-1]["train_seconds"] for r in runs.values())
+    at, inv = {n: psnr_at(r["curve"], seconds) for n, r in runs.items()}, lp.invocation(page, "recipe-search", runs)
+    how = (f"{inv['runtime_min']:.0f} min wall with {inv['jobs']} runs at a time, one thread each" if inv else
+           f"{sum(r['train_seconds'] for r in runs.values()) / 60:.0f} CPU-min of training, one thread per run")
+    body = [[n, r["change"], f"{r['steps']} × {r['batch']} × {r['crop']}²", f"{r['curve'][-1]['images_seen']:,}",
+             f"{r['curve'][-1]['train_seconds'] / 60:.1f}", f"{r['curve'][-1]['psnr']:.2f}",
+             "–" if at[n] is None else f"{at[n]:.2f}"]
+            for n, r in sorted(runs.items(), key=lambda kv: -(at[kv[0]] or 0))]
+    first, steps = runs["base"], runs["base"]["steps"]
+    return ["## Recipe search for the bundled model (`make recipe-search-vae`)", "",
+            f"Produced by `{inv['command'] if inv else COMMAND}` on {max(r['date'] for r in runs.values())[:10]}; "
+            f"{how}. Every arm starts from the preset `{PRESET}` and changes one thing; data: {first['num_train']} "
+            f"training images, validation on {first['num_validation']} ImageNet-sample images disjoint from training "
+            "and from both reported sets (kodim21-24, the 40 held-out ImageNet images), 256², EMA weights, posterior "
+            "mode, uint8 PSNR. One seed per arm: differences of a few 0.01 dB are within run-to-run noise.", "",
+            f"*at {seconds / 60:.1f} min*: validation PSNR interpolated at the CPU time every arm reached (the fairest "
+            "per-minute comparison); *final*: at the end of the arm's own cosine schedule.", "",
+            *md_table(["arm", "change", "steps × batch × crop", "images seen", "CPU-min", "final PSNR",
+                       "at matched time"], body, "lllrrrr"), "", *curves(page, "search", "search_curves.png"),
+            "### Reading (computed)", "",
+            *[f"- {n}: {at[n] - at['base']:+.2f} dB against base at matched CPU time." for n in runs
+              if n != "base" and at[n] is not None and at["base"] is not None], "",
+            f"Best at matched CPU time: **{max(runs, key=lambda n: at[n] or -1.0)}**.", "",
+            f"Caveats: the EMA's warm-up caps its decay at (1+n)/(10+n) = {(1 + steps) / (10 + steps):.3f} after "
+            f"{steps} steps, so in runs this short every decay above that is the same average (the ema arm differs "
+            "from base only in timing: its EMA decay is untested here). lr2e-3+mse changes two things; it was added "
+            "once both had beaten base. Short-run rankings favour fast learners (a higher learning rate, a loss "
+            "closer to PSNR); the release run's learning curve checks the choice at its own length.", ""]
+
+
+def view(records: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """The release as one dict (the two runs' numbers by run id, the bundle's beside them); ``None`` until the
+    two runs and the bundle have finished."""
+    ours, ref, made = (records.get(k) for k in (LOOPVAE, REFERENCE, "bundle"))
+    if not (ours and ref and made) or any(r.get("status", "finished") != "finished" for r in (ours, ref, made)):
+        return None
+    return {**ours, **made, "curves": {LOOPVAE: ours["curve"], REFERENCE: ref["curve"]}, "command": COMMAND,
+            **{k: {LOOPVAE: ours[k], REFERENCE: ref[k]} for k in ("eval", "params", "gmacs", "train_seconds",
+                                                                  "wall_seconds")},
+            "date": (made.get("date") or time.strftime("%Y-%m-%d"))[:10]}
+
+
+def _diff(d: dict[str, Any], unit: str = "dB", digits: int = 2) -> str:
+    """A by-image difference between single runs: descriptive, without a verdict word."""
+    return PairedDifference(**d).describe(unit=unit, digits=digits, verdict=False)
+
+
+def release_section(page: Page) -> list[str]:
+    """The measured release: table, by-image differences, latent statistics, interventions, learning curves."""
+    if (r := view(page.records)) is None:
+        return ["## The bundled model (`make release-vae`)", "", "Not made yet.", ""]
+    ev, iv = r["eval"], r["interventions"]
+    body = [[page.study.arm(a).title, f"{r['params'][n] / 1e6:.3f}M", f"{r['gmacs'][n]:.2f}",
+             *[f"{ev[n][s][m]:{f}}" for s in ("kodak", "imagenet") for m, f in (("psnr", ".2f"), ("ssim", ".4f"))]]
+            for a, n in (("loopvae", LOOPVAE), ("reference", REFERENCE))]
+    kb, ib = ev[LOOPVAE]["kodak"]["baseline"], ev[LOOPVAE]["imagenet"]["baseline"]
+    body.append([f"bicubic via {kb['low_resolution'][0]}×{kb['low_resolution'][1]}", "0", "–", f"{kb['psnr']:.2f}",
+                 f"{kb['ssim']:.4f}", f"{ib['psnr']:.2f}", f"{ib['ssim']:.4f}"])
+    lines = ["## The bundled model: `assets/models/loopvae-cnn-tiny` (`make release-vae`)", "",
+             f"Produced by `{r['command']}` on {r['date']}: `loopvae-cnn-tiny` with the shortcuts, preset "
+             f"`{r['preset']}`, {r['steps']:,} steps × {r['batch_size']} crops of {r['resolution']}² = "
+             f"{r['images_seen']:,} crops seen (≈ {r['images_seen'] / 17_600:.1f}× the LoopVAE study's budget), "
+             f"{r['train_seconds'][LOOPVAE] / 3600:.2f} CPU-hours of optimisation "
+             f"({r['wall_seconds'][LOOPVAE] / 60:.0f} min wall on one core, validation included). The reference "
+             "`flux-vae-tiny` trained with the same recipe "
+             f"on the same images seen: {r['train_seconds'][REFERENCE] / 3600:.2f} CPU-hours "
+             f"({r['wall_seconds'][REFERENCE] / 60:.0f} min wall). Data: {r['num_train']} training images; model "
+             f"selection (the recipe search, the learning curve) used only the {r['num_validation']} validation "
+             "images, disjoint from training and from the reported sets.", "",
+             *md_table(["model", "params", "GMACs @256²", "kodim21–24 PSNR", "SSIM", "held-out ImageNet PSNR",
+                        "SSIM"], body), "",
+             "Paired by image (95% t-interval), one run per model: the intervals cover images, not training runs, so "
+             "they are descriptive and carry no verdict. The seed-level comparison against tuned references is in "
+             "[study_fair.md](study_fair.md).", ""]
+    for split, label in (("kodak", "kodim21–24"), ("imagenet", f"{r['num_holdout']} held-out ImageNet images")):
+        c = r["comparisons"][split]
+        lines.append(f"- {label}: LoopVAE − bicubic {_diff(c['vs_bicubic_psnr'])} (the bar, ≥ +1.0 dB: "
+                     f"{'met' if c['margin_over_bicubic'] >= 1.0 else 'not met'}); LoopVAE − reference PSNR "
+                     f"{_diff(c['vs_reference_psnr'])}; SSIM {_diff(c['vs_reference_ssim'], unit='', digits=4)}.")
+    ls, hl, kl = r["latent_stats"], r["heldout_latents"], r["kodak_latents"]
+    one = lp.stage(iv, "decoder", "2x")["prefix"][0]
+    loss = iv["baseline"]["psnr"] - one["psnr"]
+    if page.draw:
+        from loopvae.intervene import plot
+
+        plot(iv, page.store.docs)
+    return [*lines, f"- Latent normalisation (`loopvae latent-stats`, {ls['num_images']} training images, posterior "
+                    f"{ls['posterior']}s at {ls['resolution']}²): shift_factor {ls['shift_factor']:.4f}, scaling_factor"
+                    f" {ls['scaling_factor']:.4f}; normalised latents of the held-out ImageNet images: mean "
+                    f"{hl['mean']:+.3f}, s.d. {hl['std']:.3f}; of kodim21–24: mean {kl['mean']:+.3f}, s.d. "
+                    f"{kl['std']:.3f} (4 photos of another collection, less varied than the training images).", "",
+            *curves(page, PRESET, "release_curves.png"),
+            f"**Interventions on the bundled model** ({iv['num_images']} images: kodim21–24 + held-out ImageNet; "
+            "float output, clipped / raw PSNR, out-of-range pixels; the last three columns count images):", "",
+            *lp.interventions_table(iv), "",
+            f"- Decoder-finest 1-pass truncation costs {loss:.2f} dB (paper 17.74; our target ≥ 5 dB: "
+            f"{'met' if loss >= 5 else 'not met'}); at one pass {100 * one['out_of_range']:.1f}% of pixels are out of "
+            f"range, raw PSNR {one['raw_psnr']:.2f} dB.", f"- Any-time: {lp.anytime_reading(iv)}", "",
+            "![prefix truncation](release/psnr_vs_passes.png)", ""]
+
+
+def references_lines(refs: dict[str, Any], release: dict[str, Any] | None) -> list[str]:
+    """The tuned references of ``references.json`` (one run each: descriptive; seeds: ``study_fair.md``), with the
+    bundled LoopVAE (``release``: :func:`view`) first: the table and how their validation curves end."""
+    models = [(f"`{m}`", f"`{m}`", r) for m, r in refs["references"].items()]
+    if release is not None:
+        models.insert(0, ("`loopvae-cnn-tiny` + shortcuts (the bundled LoopVAE)", "the bundled LoopVAE", {
+            "class": "LoopVAE", "recipe_arm": PRESET, "bundled": True, "images_seen": release["images_seen"],
+            **{k: release[k if k != "curve" else "curves"][LOOPVAE] for k in ("params", "gmacs", "train_seconds",
+                                                                               "eval", "curve")}}))
+    body = [[label, r["class"], f"{r['params'] / 1e6:.3f}M", f"{r['gmacs']:.2f}", f"{r['images_seen']:,}",
+             f"{r['train_seconds'] / 3600:.2f}", r["recipe_arm"],
+             *[f"{r['eval'][s]['psnr']:.2f} / {r['eval'][s]['ssim']:.4f}" for s in ("kodak", "imagenet")],
+             f"{r['eval']['imagenet']['baseline']['psnr']:.2f}",
+             "yes" if r.get("bundled") else "no: " + r.get("refused", "not bundled")] for label, _, r in models]
+    lines = ["## The tuned references bundled next to it (`make release-references`)", "",
+             f"Produced by `{refs['command']}` on {refs['date']}: each reference at the recipe its own search picked "
+             "([study_fair.md](study_fair.md), section 2), for the crops the bundled LoopVAE saw, on the same "
+             "training and validation images; bundled only if it beats bicubic on the held-out images. One training "
+             "run per model: these numbers describe runs and carry no verdict (seeds: [study_fair.md](study_fair.md)).",
+             "", *md_table(["model", "class", "params", "GMACs @256²", "crops seen", "training CPU-hours", "recipe",
+                            "kodim21–24 PSNR / SSIM", "held-out ImageNet PSNR / SSIM", "bicubic (held-out)",
+                            "bundled"], body, "llrrrrlllrl"), "",
+             "Validation PSNR (40 validation images, EMA weights) over the last three evaluations, and what the last "
+             "fifth of the steps added (a run still gaining has not flattened):", ""]
+    for _, label, r in models:
+        curve, last = r["curve"][-3:], r["curve"][-1]
+        fifth = min(r["curve"], key=lambda p: abs(p["step"] - 0.8 * last["step"]))
+        values, steps = " → ".join(f"{p['psnr']:.2f}" for p in curve), ", ".join(f"{p['step']:,}" for p in curve)
+        lines.append(f"- {label}: {values} dB at steps {steps}; steps {fifth['step']:,} → {last['step']:,}: "
+                     f"{last['psnr'] - fifth['psnr']:+.2f} dB.")
+    return [*lines, ""]
+
+
+def references_section(page: Page) -> list[str]:
+    path = page.store.root / REFERENCES_FILE
+    return references_lines(json.loads(path.read_text()), view(page.records)) if path.is_file() else []
+
+
+def write_card(target: Path, r: dict[str, Any]) -> None:
+    """The bundled model's README (``r``: :func:`view`): what it is, how it was made and what it measures, beside the
+    tuned references of ``references.json`` (one run each: numbers, no verdict). ``tests/vae/test_bundled_model.py``
+    reads its phrases and table."""
+    from looprun.release import card_front_matter
+
+    ev, ls, refs = r["eval"][LOOPVAE], r["latent_stats"], json.loads(REFERENCES_FILE.read_text())["references"]
+    held, hl, kl = f"{r['num_holdout']} held-out ImageNet", r["heldout_latents"], r["kodak_latents"]
+    dec = " → ".join(f"{p['psnr']:.2f}" for p in lp.stage(r["interventions"], "decoder", "2x")["prefix"])
+    sets = (("kodak", "kodim21–24", "kodim21-24 (Kodak)"), ("imagenet", held, f"{held}-sample images"))
+    front = card_front_matter("loopvae-cnn-tiny", "diffusers", ["loopvision", "loopvae", "vae", "image-tokenizer"], [
+        {"task": "image-to-image", "dataset": f"{name}, 256²", "type": m, "name": m.upper(), "value": ev[s][m]}
+        for s, _, name in sets for m in ("psnr", "ssim")])
+    heads = [f"`{n}` ({v['class']}, {v['params'] / 1e6:.2f}M, {v['gmacs']:.2f} GMACs), PSNR / SSIM"
+             for n, v in refs.items()]
+    table = md_table(["images", "PSNR", "SSIM", "bicubic (≥ equal values/px)", *heads], [
+        [label, f"{ev[s]['psnr']:.2f}", f"{ev[s]['ssim']:.4f}", f"{ev[s]['baseline']['psnr']:.2f}",
+         *[f"{v['eval'][s]['psnr']:.2f} / {v['eval'][s]['ssim']:.3f}" for v in refs.values()]] for s, label, _ in sets])
+    text = [front + "# loopvae-cnn-tiny, trained (bundled with loopvision)", "",
+            "A CPU-scale LoopVAE: `loopvae-cnn-tiny` (width 48, K = 2 ConvNeXt adaLN-Zero blocks per branch, passes "
+            "[1, 2, 4] per branch, global sharing, f8 with 16 latent channels) **with the parameter-free shortcuts** "
+            "(`shortcuts: true`, our addition to the paper's architecture; see `loopvae/layers.py`). "
+            f"{r['params'][LOOPVAE]:,} parameters, {r['gmacs'][LOOPVAE]:.2f} GMACs per 256² reconstruction.", "",
+            "## How it was made", "",
+            f"* command: `{COMMAND}` (`studies/release_vae.py`), preset `{PRESET}` (chosen by the recipe search)",
+            f"* data: {r['num_train']} training images (the shared ImageNet sample minus {r['num_holdout']} held-out "
+            f"and {r['num_validation']} validation images, plus kodim01–20 from `assets/kodak`), random 64² crops",
+            f"* {r['steps']:,} steps × {r['batch_size']} crops = {r['images_seen']:,} crops seen; "
+            f"{r['train_seconds'][LOOPVAE] / 3600:.2f} CPU-hours of optimisation on one core "
+            f"({r['wall_seconds'][LOOPVAE] / 60:.0f} min wall including validation); EMA weights "
+            f"({r['ema_decay']}), fp32",
+            f"* kodim21–24 at 256²: PSNR {ev['kodak']['psnr']:.2f} dB, SSIM {ev['kodak']['ssim']:.4f} (bicubic at ≥ "
+            f"equal values per pixel: {ev['kodak']['baseline']['psnr']:.2f} dB); held-out ImageNet: "
+            f"{ev['imagenet']['psnr']:.2f} dB",
+            f"* latent normalisation measured by `loopvae latent-stats` on {ls['num_images']} training images at 256² "
+            f"(posterior samples): `shift_factor` {ls['shift_factor']:.6f}, `scaling_factor` "
+            f"{ls['scaling_factor']:.6f}; on the 40 held-out ImageNet images the normalised latents have mean "
+            f"{hl['mean']:+.3f} and s.d. {hl['std']:.3f}; on kodim21–24 (4 photos of another collection) mean "
+            f"{kl['mean']:+.3f}, s.d. {kl['std']:.3f}", "",
+            "## Measured (256², posterior mode, uint8 outputs; PSNR per image averaged, SSIM Gaussian 11×11 σ = 1.5)",
+            "", *table, "",
+            "The references are the tuned ones bundled next to this model (`make release-references`): each trained "
+            f"at the recipe its own search picked, for the same {r['images_seen']:,} crops on the same images, one run "
+            "per model, so the table describes runs and carries no verdict. The seed-level comparisons are "
+            "`docs/study_fair.md` (LoopVAE against these two families) and `docs/study_sharing.md` (this model tied "
+            "against untied weights, and `dcae-tiny` at a longer budget).", "",
+            f"Decoder finest stage, PSNR with k = 1..4 retained passes (16 images): {dec} dB. Full analysis: "
+            "`docs/study_loopvae.md`.", "", f"`diffusion_pytorch_model.safetensors` sha256: `{r['sha256']}`", "",
+            f"Load: `loopvae.LoopVAE.from_pretrained(\"{BUNDLE}\")`; every `loopvae` command takes the folder as "
+            "`--checkpoint`."]
+    (target / "README.md").write_text("\n".join(text) + "\n")
+
+
+STUDY = Study(
+    name="release-vae", title="The bundled CPU tokenizer: its recipe search and its release", docs=DOCS,
+    page="docs/study_loopvae/release.md", arms=ARMS, budgets=[Budget("search", (0,)), Budget(PRESET, (0,))],
+    metric=Metric("final_psnr", "dB", label="validation PSNR at 256² (dB)"), run=run, row=row, prepare=prepare,
+    phases=[plan("search"), plan("release"), plan("bundle")], preregistration=None, command=COMMAND,
+    sections=[std.header, search_section, release_section, references_section],
+)
+
+if __name__ == "__main__":  # python studies/release_vae.py card: the card again from the committed result files
+    if sys.argv[1:] != ["card"]:
+        sys.exit("usage: python studies/release_vae.py card")
+    write_card(Path(BUNDLE), view(ResultStore(Path("."), DOCS).all()))  # type: ignore[arg-type]

@@ -1,0 +1,75 @@
+"""The SR-ViT depth study's spec (studies/srvit_depth.py) on synthetic result files: the pilot's projection takes
+the pre-registered fall-backs in their order, the plan follows it, P1 is read paired by seed over the planned seeds,
+and results.json has the contract's fields (primary, runs with arm / seed / epochs / top1 / curve / train_seconds)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from looprun.statistics import paired_difference
+from looprun.study import load_study
+from looprun.study.page import render
+
+ROOT = Path(__file__).resolve().parents[2]
+STUDY = load_study("srvit-depth", ROOT)
+
+
+def _pilot(r1_epoch: float, r4_epoch: float, test: float = 30.0) -> dict:
+    return {"id": "pilot", "phase": "pilot", "arm": "pilot", "budget": "pilot", "seed": 0, "status": "finished",
+            "arms": {"R1": {"train_epoch_cpu_seconds": r1_epoch, "test_pass_cpu_seconds": test},
+                     "R4": {"train_epoch_cpu_seconds": r4_epoch, "test_pass_cpu_seconds": 3 * test}}}
+
+
+def _run(arm: str, budget: str, seed: int, top1: float, epochs: int = 60) -> dict:
+    curve = [{"epoch": e, "top1": top1 - (epochs - e) / 10} for e in range(10, epochs + 1, 10)]
+    return {"id": f"{arm}-{budget}-s{seed}", "phase": "checks" if budget != "60" else "main", "arm": arm,
+            "budget": budget, "seed": seed, "status": "finished", "epochs": epochs, "top1": top1, "curve": curve,
+            "train_seconds": 1000.0 + seed, "run_cpu_seconds": 1100.0}
+
+
+def test_the_projection_takes_the_fall_backs_in_the_registered_order() -> None:
+    import srvit_depth as sd
+
+    fits = sd.projection({"pilot": _pilot(20, 70)})
+    assert fits["keep"] == {"depth6": True, "epochs120": True, "seed4": True}
+    assert fits["core_hours"] == pytest.approx(5 * (60 * 90 + 7 * 120) / 3600)
+    tight = sd.projection({"pilot": _pilot(20, 120)})  # core ~12.2 job-hours: every fall-back, seed 4 last
+    assert tight["keep"] == {"depth6": False, "epochs120": False, "seed4": False}
+    middle = sd.projection({"pilot": _pilot(20, 85)})  # drops the depth check only
+    assert middle["keep"] == {"depth6": False, "epochs120": True, "seed4": True}
+    assert sd.projection({}) is None
+    records = {"pilot": _pilot(20, 120)}
+    assert {p.seed for p in sd.plan_main(STUDY, records)} == {0, 1, 2, 3}
+    assert sd.plan_checks(STUDY, records) == [] and sd.plan_main(STUDY, {}) == []
+    plan = sd.plan_main(STUDY, {"pilot": _pilot(20, 70)}) + sd.plan_checks(STUDY, {"pilot": _pilot(20, 70)})
+    assert len(plan) == 10 + 1 + 3 and {p.id for p in plan} >= {"R4-60-s4", "R1-120-s0", "R1-depth6-60-check-s2"}
+
+
+def test_page_and_results_json_follow_the_contract(tmp_path: Path) -> None:
+    docs = tmp_path / "docs/study_srvit_depth"
+    (docs / "runs").mkdir(parents=True)
+    shutil.copy(ROOT / "docs/study_srvit_depth/preregistration.md", docs)
+    records = {"pilot": _pilot(20, 120)}  # seed 4 dropped by the pilot: P1 at n = 4
+    r1 = {s: 40.0 + s for s in range(4)}
+    r4 = {s: 40.5 + s + 0.1 * s * s for s in range(4)}
+    for s in range(4):
+        records[f"R1-60-s{s}"] = _run("R1", "60", s, r1[s])
+        records[f"R4-60-s{s}"] = _run("R4", "60", s, r4[s])
+    for name, record in records.items():
+        (docs / "runs" / f"{name}.json").write_text(json.dumps(record))
+    text, results = render(STUDY, tmp_path)
+    expected = paired_difference([r4[s] for s in range(4)], [r1[s] for s in range(4)])
+    primary = results["primary"]
+    assert set(primary) == {"id", "a", "b", "diff", "ci", "n", "p", "verdict"} and primary["n"] == 4
+    assert primary["diff"] == pytest.approx(expected.mean) and primary["verdict"] == "better"
+    assert primary["ci"] == pytest.approx([expected.low, expected.high])
+    assert [(r["arm"], r["seed"]) for r in results["runs"]] == [("R1", s) for s in range(4)] + [("R4", s)
+                                                                                                 for s in range(4)]
+    assert set(results["runs"][0]) == {"arm", "seed", "epochs", "top1", "curve", "train_seconds"}
+    assert results["runs"][0]["curve"][0] == {"epoch": 10, "top1": 35.0}
+    assert "fall-backs taken: depth6, epochs120, seed4" in text and "**better**" in text
+    assert "reproduces at CPU scale" in text and "## The gap over training" in text

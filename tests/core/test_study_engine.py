@@ -1,0 +1,186 @@
+"""The study engine end to end on a tiny spec (tests/core/study_tiny_spec.py) in a throw-away git repository:
+``loopvae study`` runs it locally and through submitit's local executor with the same numbers, resumes after a
+kill of its whole process group, and refuses a changed pre-registration or changed training code."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from looprun.study import RegistrationError, ResultStore, load_study
+from looprun.study.engine import run_study
+from looprun.study.executors import LocalPool
+from looprun.study.page import render
+from looprun.study.verdicts import divergent_seeds, null_rows, primary_family
+
+SPEC = Path(__file__).with_name("study_tiny_spec.py")
+LOOPVAE = [sys.executable, "-m", "loopvae"]
+
+
+def _git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", "-C", str(repo), "-c", "user.email=t@t", "-c", "user.name=t", *args], check=True,
+                   capture_output=True)
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    """A repository with the tiny spec, its pre-registration and a stand-in for the training code, committed."""
+    root = tmp_path / "repo"
+    (root / "studies").mkdir(parents=True)
+    shutil.copy(SPEC, root / "studies" / "tiny.py")
+    (root / "docs" / "study_tiny").mkdir(parents=True)
+    (root / "docs" / "study_tiny" / "preregistration.md").write_text(
+        "## Pre-registration\n\nT1: tied − untied, paired by seed, seeds 0-2, margin 0.5 dB.\n")
+    (root / "packages").mkdir()
+    (root / "packages" / "model.py").write_text("WIDTH = 6\n")
+    _git(root, "init", "-q")
+    _git(root, "add", "-A")
+    _git(root, "commit", "-qm", "study")
+    return root
+
+
+def _study(repo: Path, *args: str, **kwargs) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*LOOPVAE, "study", "tiny", "--root", str(repo), *args], capture_output=True, text=True,
+                          timeout=300, **kwargs)
+
+
+def _records(repo: Path) -> dict[str, dict]:
+    return ResultStore(repo, "docs/study_tiny").all()
+
+
+def _scores(repo: Path) -> dict[str, float]:
+    return {k: r["metrics"]["score"] for k, r in _records(repo).items()}
+
+
+def test_local_pool_runs_every_run_pins_the_registration_and_renders(repo: Path) -> None:
+    proc = _study(repo, "--jobs", "2")
+    assert proc.returncode == 0, proc.stderr
+    records = _records(repo)
+    assert sorted(records) == [f"{arm}-40-s{s}" for arm in ("tied", "untied") for s in range(3)]
+    digest = json.loads((repo / "docs/study_tiny/plan.json").read_text())
+    head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert digest["main_commit"] == head
+    for r in records.values():
+        assert r["status"] == "finished" and r["executor"] == "local"
+        assert r["preregistration_sha256"] == digest["preregistration_sha256"]
+        assert r["code"] == {"commit": head, "dirty": False}
+        assert r["run_cpu_seconds"] > 0
+    results = json.loads((repo / "docs/study_tiny/results.json").read_text())
+    page = (repo / "docs/study_tiny.md").read_text()
+    assert results["primaries"][0]["id"] == "T1" and f"**{results['primaries'][0]['verdict']}**" in page
+    assert "T1: tied − untied, paired by seed" in page  # the pre-registration block, verbatim
+    # a second invocation runs nothing and leaves every file as it was
+    before = {p: p.read_bytes() for p in (repo / "docs/study_tiny/runs").iterdir()}
+    again = _study(repo, "--jobs", "2")
+    assert again.returncode == 0 and "0 run(s) ran" in again.stdout
+    assert before == {p: p.read_bytes() for p in (repo / "docs/study_tiny/runs").iterdir()}
+    # re-rendering from the result files alone reproduces the page byte for byte
+    rendered = _study(repo, "--render-only")
+    assert rendered.returncode == 0 and (repo / "docs/study_tiny.md").read_text() == page
+
+
+def test_submitit_local_executor_gives_the_same_numbers(repo: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    shutil.copytree(repo, other)
+    local = _study(repo, "--jobs", "2", "--no-render")
+    assert local.returncode == 0, local.stderr
+    remote = _study(other, "--executor", "submitit-local", "--no-render")
+    assert remote.returncode == 0, remote.stdout + remote.stderr
+    records = _records(other)
+    assert {r["executor"] for r in records.values()} == {"submitit"}
+    assert (other / "runs/study-tiny/submitit").is_dir()  # submitit's own job folder (pickled task, logs)
+    assert _scores(other) == _scores(repo)  # the run is deterministic: the executor changes nothing
+
+
+def test_resumes_after_the_process_group_is_killed(repo: Path) -> None:
+    proc = subprocess.Popen([*LOOPVAE, "study", "tiny", "--root", str(repo), "--jobs", "1", "--option", "sleep=1.5"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    runs = repo / "docs/study_tiny/runs"
+    deadline = time.time() + 120
+    while time.time() < deadline and len(list(runs.glob("*.json"))) < 2:
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGKILL)  # the driver and the run in flight, mid-study
+    proc.wait(timeout=30)
+    survivors = {p.name: p.read_bytes() for p in runs.glob("*.json")}
+    assert 2 <= len(survivors) < 6, sorted(survivors)
+    assert all(json.loads(data)["status"] == "finished" for data in survivors.values())  # no half-written file
+    resumed = _study(repo, "--jobs", "2")
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"{6 - len(survivors)} run(s) ran" in resumed.stdout
+    after = {p.name: p.read_bytes() for p in runs.glob("*.json")}
+    assert len(after) == 6 and all(after[name] == data for name, data in survivors.items())
+
+
+def test_refuses_a_changed_preregistration_and_changed_training_code(repo: Path) -> None:
+    study = load_study(repo / "studies" / "tiny.py")
+    pool = LocalPool(2, repo / "runs" / "study-tiny")
+    run_study(study, pool, docs_root=repo, log=lambda _: None)
+    (repo / "docs/study_tiny/runs/tied-40-s2.json").unlink()
+    prereg = repo / "docs/study_tiny/preregistration.md"
+    prereg.write_text(prereg.read_text().replace("margin 0.5 dB", "margin 1.0 dB"))
+    _git(repo, "commit", "-qam", "widen the margin after the data")
+    with pytest.raises(RegistrationError, match="preregistration.md differs from the pre-registration"):
+        run_study(study, pool, docs_root=repo, log=lambda _: None)
+    cli = _study(repo)
+    assert cli.returncode != 0 and "preregistration.md differs" in cli.stderr
+    _git(repo, "revert", "--no-edit", "HEAD")
+    (repo / "packages/model.py").write_text("WIDTH = 7\n")
+    with pytest.raises(RegistrationError, match="uncommitted changes"):
+        run_study(study, pool, docs_root=repo, log=lambda _: None)
+    _git(repo, "commit", "-qam", "change the model after the first runs")
+    with pytest.raises(RegistrationError, match="differs from the study's pinned commit"):
+        run_study(study, pool, docs_root=repo, log=lambda _: None)
+    assert not (repo / "docs/study_tiny/runs/tied-40-s2.json").exists()
+
+
+def test_a_failing_run_is_recorded_and_its_family_not_read(repo: Path) -> None:
+    study = load_study(repo / "studies" / "tiny.py")
+    run_study(study, LocalPool(2, repo / "runs" / "study-tiny"), docs_root=repo, options={"fail": "untied"},
+              log=lambda _: None)
+    failed = _records(repo)["untied-40-s0"]
+    assert failed["status"] == "failed" and "fails on purpose" in "\n".join(failed["error"])
+    text, results = render(study, repo)
+    assert results["primaries"] == [] and "untied@40 seed 0" in results["primaries_missing"]
+    assert "failed: untied-40-s0, untied-40-s1, untied-40-s2" in text and "Not read yet" in text
+
+
+def test_dry_run_plans_with_an_estimate_and_trains_nothing(repo: Path) -> None:
+    proc = _study(repo, "--dry-run", "--jobs", "2")
+    assert proc.returncode == 0, proc.stderr
+    assert "6 run(s) planned, 6 to run" in proc.stdout and "tied-40-s0" in proc.stdout
+    assert not (repo / "docs/study_tiny/runs").exists()
+
+
+# -- the rules, on rows ----------------------------------------------------------------------------------
+def _row(arm: str, seed: int, score: float, units: dict[str, float] | None = None) -> dict:
+    return {"arm": arm, "budget": "40", "seed": seed, "score": score, "per_unit": {"score": units or {}}}
+
+
+def test_null_rows_count_each_distinct_seed_pair_once() -> None:
+    units = {s: {f"x{i}": float(i + s) + 0.01 * ((i * s) % 3) for i in range(5)} for s in range(3)}
+    rows = [_row("tied", s, 1.0, units[s]) for s in range(3)]
+    got = null_rows(rows, "score")
+    assert [tuple(r["seeds"]) for r in got] == [(0, 1), (0, 2), (1, 2)]
+    assert got[0]["diff"] == pytest.approx(sum(units[0][k] - units[1][k] for k in units[0]) / 5)
+
+
+def test_primaries_wait_for_the_whole_family_and_divergence_uses_the_rule(repo: Path) -> None:
+    study = load_study(repo / "studies" / "tiny.py")
+    rows = [_row("tied", s, 10.0 + s) for s in range(3)] + [_row("untied", s, 9.0 + s) for s in range(2)]
+    prims, missing = primary_family(study, rows)
+    assert prims == [] and missing == ["untied@40 seed 2"]
+    rows.append(_row("untied", 2, 11.5))
+    prims, _ = primary_family(study, rows)
+    assert prims[0]["diff"] == pytest.approx((1 + 1 + 0.5) / 3) and prims[0]["test"] == "paired t"
+    values = {"a@40": {0: 1.0, 1: 1.1, 2: 4.0, 3: 1.05, 4: 0.95}, "b@40": {0: 1.0, 1: 1.2, 2: 1.1}}
+    flagged = divergent_seeds(values, study.rules)
+    assert [(f["group"], f["seed"]) for f in flagged] == [("a@40", 2)]
+    assert flagged[0]["threshold"] == pytest.approx(1.0)  # max(floor 0.5, 5 x b's spread 0.2)
