@@ -12,8 +12,9 @@ Phases (each registered: the pre-registration and the code are pinned at the pil
 * ``main``: ``R1`` and ``R4`` x seeds 0-4 (seed 4 only if the projection fits), test top-1 every 10 epochs;
 * ``checks``: ``R1`` seed 0 at 120 epochs, and ``R1`` at depth 6 x seeds 0-2 (each only if it fits).
 
-``loopvae study srvit-depth --jobs 2`` (``make study-srvit-depth``); ``--option scale=0.01`` shrinks every epoch
-count for a smoke run (its results are not the study's: use a scratch ``--docs-root``).
+``loopvae study srvit-depth --jobs 2`` (``make study-srvit-depth``). A smoke run of every phase (its results are
+not the study's: give it a scratch ``--docs-root``): ``--option smoke_steps=3`` trains each run, the pilot's
+included, for that many steps and evaluates on the first 256 test images.
 """
 
 from __future__ import annotations
@@ -63,11 +64,14 @@ def _srvit(args: list[str], log: Path) -> float:
 
 def _train_args(settings: dict[str, Any], seed: int, epochs: float, out: Path, options: dict[str, Any],
                 evaluate_every: int | None) -> list[str]:
-    spe = options["steps_per_epoch"]
-    args = ["train", "--config", "cifar10-srvit-ti", "--data", options["train"], "--out", str(out), "--set",
+    spe, smoke = options["steps_per_epoch"], options.get("smoke_steps")
+    val = ["--val-data", options["test"]] if evaluate_every else []
+    args = ["train", "--config", "cifar10-srvit-ti", "--data", options["train"], *val, "--out", str(out), "--set",
             "progress_bar=false", _overrides(settings), f"seed={seed}", f"epochs={epochs}", *RECIPE,
             f"log_every={spe}", f"checkpoint_every={5 * spe}", f"eval_every={evaluate_every or 0}"]
-    return args[:4] + ["--val-data", options["test"]] + args[4:] if evaluate_every else args
+    if smoke:  # after RECIPE's max_steps=null: the later item wins
+        args += [f"max_steps={smoke}", "log_every=1"]
+    return args
 
 
 def pilot(context: RunContext) -> dict[str, Any]:
@@ -80,8 +84,9 @@ def pilot(context: RunContext) -> dict[str, Any]:
         out["arms"][arm] = {"train_epoch_cpu_seconds": train}
     for arm in ("R1", "R4"):
         run = context.workdir / arm
+        limit = ["--limit", "256"] if context.options.get("smoke_steps") else []
         test = _srvit(["eval", "--checkpoint", str(run), "--data", context.options["test"], "--out",
-                       str(context.workdir / f"{arm}-eval"), "--num-workers", "0", "--steps", "1"],
+                       str(context.workdir / f"{arm}-eval"), "--num-workers", "0", "--steps", "", *limit],
                       context.workdir / f"{arm}-eval.log")
         out["arms"][arm]["test_pass_cpu_seconds"] = test
     return out
@@ -97,7 +102,7 @@ def run(planned: PlannedRun, context: RunContext) -> dict[str, Any]:
                              every), context.workdir.parent / f"{planned.id}.log")
     summary = json.loads((context.workdir / "train_summary.json").read_text())
     curve = [{"epoch": round(v["step"] / spe, 2), "top1": 100 * v["top1"]} for v in summary["validation"]]
-    return {"epochs": epochs, "top1": curve[-1]["top1"], "curve": curve, "train_seconds": cpu,
+    return {"epochs": round(summary["step"] / spe, 2), "top1": curve[-1]["top1"], "curve": curve, "train_seconds": cpu,
             "steps": summary["step"], "train_curve": _train_curve(context.workdir, spe)}
 
 
@@ -124,7 +129,24 @@ def prepare(context: RunContext) -> dict[str, Any]:
     train, test = root / "cifar10/cifar10-train-000000.tar", root / "cifar10/cifar10-test-000000.tar"
     loader = loopdata.make_loader(str(train), task="classification", train=True, batch_size=64, num_workers=0,
                                   resolution=32, rank=0, world_size=1, protocol="cifar", num_classes=10)
+    if context.options.get("smoke_steps"):  # a smoke run validates on a 256-image slice of the test shard
+        test = context.workdir / "smoke-test.tar"
+        if not test.is_file():
+            _test_slice(root / "cifar10/cifar10-test-000000.tar", test, 256)
     return {"train": str(train), "test": str(test), "steps_per_epoch": loader.num_batches}
+
+
+def _test_slice(source: Path, out: Path, count: int) -> None:
+    """The first ``count`` samples of a shard, every ``count // 10``-th class-sorted sample apart (all classes)."""
+    from loopdata.shards import iter_samples
+    from loopdata.writer import TarShardWriter
+
+    samples = list(iter_samples(str(source)))
+    step = max(1, len(samples) // count)
+    with TarShardWriter(out.parent, out.stem) as writer:
+        for sample in samples[::step][:count]:
+            writer.add(sample["__key__"], {k: v for k, v in sample.items() if not k.startswith("__")})
+    next(out.parent.glob(f"{out.stem}-*.tar")).rename(out)
 
 
 # -- the plan: the pilot's projection decides the pre-registered fall-backs -------------------------------
@@ -275,7 +297,7 @@ STUDY = Study(
           Arm("R1-depth6", "R1 at depth 6 (check)", {"recursion": 1, "fusion_mode": "last", "depth": 6})],
     budgets=[Budget("60", (0, 1, 2, 3, 4), ("R1", "R4")), Budget("60-check", (0, 1, 2), ("R1-depth6",)),
              Budget("120", (0,), ("R1",))],
-    metric=Metric("top1", "points", label="test top-1 (%)"),
+    metric=Metric("top1", "%", label="test top-1"),
     primaries=[Comparison("P1", "R4@60", "R1@60", "R4 − R1, test top-1, 60 epochs")],
     secondaries=[Comparison("D", "R1@60", "R1-depth6@60-check", "depth 12 − depth 6 (R1)", seeds=(0, 1, 2))],
     run=run,

@@ -73,3 +73,26 @@ def test_page_and_results_json_follow_the_contract(tmp_path: Path) -> None:
     assert results["runs"][0]["curve"][0] == {"epoch": 10, "top1": 35.0}
     assert "fall-backs taken: depth6, epochs120, seed4" in text and "**better**" in text
     assert "reproduces at CPU scale" in text and "## The gap over training" in text
+
+
+@pytest.mark.slow
+def test_smoke_run_of_every_phase_through_the_engine(tmp_path: Path, cifar10: dict[str, str]) -> None:
+    """pilot -> main -> checks with 3 training steps per run (about 3 CPU-minutes): every run finishes, the page
+    reads P1 and the checks, and a second invocation runs nothing."""
+    import subprocess
+    import sys
+
+    docs = tmp_path / "docs/study_srvit_depth"
+    docs.mkdir(parents=True)
+    shutil.copy(ROOT / "docs/study_srvit_depth/preregistration.md", docs)
+    cmd = [sys.executable, "-m", "loopvae", "study", "srvit-depth", "--root", str(ROOT), "--docs-root", str(tmp_path),
+           "--workdir", str(tmp_path / "work"), "--option", "smoke_steps=3",
+           "--option", f"shared={Path(cifar10['train']).parents[1]}"]
+    first = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "15 run(s) ran, 0 failed" in first.stdout  # the pilot, 10 seeded runs, 4 checks
+    results = json.loads((docs / "results.json").read_text())
+    assert results["primary"]["n"] == 5 and len(results["runs"]) == 10 and len(results["checks"]) == 4
+    assert all(r["curve"] and r["train_seconds"] > 0 for r in results["runs"])
+    again = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    assert again.returncode == 0 and "0 run(s) ran" in again.stdout
