@@ -46,6 +46,8 @@ def main() -> int:
     check_weights(root)
     changed = []
     for path in artifact_files(root):
+        if not path.is_file():  # tracked, but deleted in the working tree (a file being moved)
+            continue
         text = path.read_text()
         new = portable_text(text)
         if new != text:
