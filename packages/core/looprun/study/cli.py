@@ -33,6 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                         help="a study option its run function reads (e.g. scale=0.01 for a smoke run)")
     parser.add_argument("--retry-failed", action="store_true", help="run failed runs again (their file is replaced)")
+    parser.add_argument("--only", nargs="+", default=None, metavar="RUN_ID",
+                        help="run just these planned runs (ids as --dry-run prints them)")
     for flag, kind, what in (("--slurm-partition", str, "SLURM partition"), ("--timeout-min", int, "job time limit"),
                              ("--cpus-per-task", int, "CPUs per job"), ("--gpus-per-node", int, "GPUs per job"),
                              ("--mem-gb", int, "memory per job")):
@@ -72,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
         executor = make_executor(args.executor, args.jobs, workdir, **slurm)
         counts = run_study(study, executor, docs_root=docs_root, code_root=root, workdir=workdir,
                            phases=args.phase, options=_options(args.option), dry_run=args.dry_run,
-                           retry_failed=args.retry_failed)
+                           retry_failed=args.retry_failed, only=args.only)
         if args.dry_run:
             return 0
         print(f"{study.name}: {counts['ran']} run(s) ran, {counts['failed']} failed")

@@ -66,8 +66,9 @@ def estimate_seconds(study: Study, planned: PlannedRun, records: Mapping[str, di
 def run_study(study: Study, executor: Any, *, docs_root: Path, code_root: Path | None = None,
               workdir: Path = Path("runs/study"), phases: Sequence[str] | None = None,
               options: Mapping[str, Any] | None = None, dry_run: bool = False, retry_failed: bool = False,
-              log: Callable[[str], None] = print) -> dict[str, int]:
-    """Run what is missing of ``phases`` (default: all, in order); returns counts ``{planned, ran, failed}``."""
+              only: Sequence[str] | None = None, log: Callable[[str], None] = print) -> dict[str, int]:
+    """Run what is missing of ``phases`` (default: all, in order); ``only``: just these run ids (e.g. one failed
+    run, or a smoke check of one run per arm). Returns counts ``{planned, ran, failed}``."""
     code_root = Path(code_root or docs_root)
     store = ResultStore(docs_root, study.docs)
     names = [p.name for p in study.plan_phases()]
@@ -87,7 +88,7 @@ def run_study(study: Study, executor: Any, *, docs_root: Path, code_root: Path |
             if len(set(ids)) != len(ids):
                 raise ValueError(f"study {study.name!r}, phase {phase.name}: run ids repeat "
                                  f"({sorted({i for i in ids if ids.count(i) > 1})}); make run_id tell runs apart")
-            todo = [p for p in planned if p.id not in attempted and (
+            todo = [p for p in planned if p.id not in attempted and (only is None or p.id in only) and (
                 p.id not in records or (retry_failed and records[p.id].get("status") != "finished"))]
             if dry_run:
                 _print_plan(study, phase.name, planned, todo, records, options or {}, executor, log)
