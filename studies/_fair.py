@@ -1,14 +1,11 @@
-"""The fair study's arms, recipe searches, picks and main-run plan, read from its result files (used by the spec
-``fair.py``, by ``_release_references.py`` and by the sharing study, which trains dcae-tiny at this study's pick).
-
-Groups are ``family@img`` (equal images) and ``family@cpu`` (equal CPU-seconds); a primary inconclusive at seeds
-0-2 extends its two groups to seeds 3 and 4, once (:func:`extra_seed_rule`, pre-registered).
+"""The fair study's arms, recipe searches, picks and main-run plan, read from its result files (used by ``fair.py``,
+``_release_references.py`` and the sharing study). Groups are ``family@img`` (equal images) and ``family@cpu`` (equal
+CPU-seconds); a primary inconclusive at seeds 0-2 extends its two groups to seeds 3 and 4, once (pre-registered).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -47,10 +44,8 @@ SECONDARY = [("S1", "shortcuts within LoopVAE, equal images", "loopvae-sc@img", 
              ("S4", "shortcuts within the references, equal CPU-seconds", "dcae@cpu", "klvae@cpu")]
 
 
-@dataclass(frozen=True)
-class SearchArm:
+class SearchArm(NamedTuple):
     """A recipe arm: what it changes, its ``--set`` items and its pixels per step relative to 8 crops of 64^2."""
-
     name: str
     change: str
     overrides: tuple[str, ...] = ()

@@ -1,6 +1,6 @@
-"""What the LoopVAE study, its recipe search and the bundled model's release share on their pages: the reading of
-an intervention result (``loopvae intervene``), a sub-study's page inside another's, and the facts
-of the invocation that made the migrated result files (``docs/study_loopvae/migration.json``)."""
+"""What the LoopVAE studies, the bundled model's release and its cards share: their prose (``docs/study_loopvae/
+text.md``, filled by :func:`fill`), the reading of an intervention result (``loopvae intervene``), a sub-study's page
+inside another's, and the facts of the invocation that made the migrated result files (``migration.json``)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from _text import section
+
 from looprun.study import Study
 from looprun.study.page import Page, build_page
 from looprun.study.tables import md_table
@@ -16,6 +18,22 @@ from looprun.study.tables import md_table
 # An added pass "contributes" when it raises mean PSNR by more than this; an early exit is "usable" when it costs
 # less than the margin against full depth. Both are stated wherever they decide a sentence.
 PASS_GAIN_DB, EXIT_MARGIN_DB = 0.05, 1.0
+TEXT = Path(__file__).resolve().parents[1] / "docs/study_loopvae/text.md"  # the LoopVAE pages' and cards' prose
+
+
+def fill(path: Path, name: str, /, **values: Any) -> list[str]:
+    """Section ``name`` of the prose file ``path`` (:func:`_text.section`), its ``{fields}`` filled from ``values``
+    (``str.format``); a line that is just ``{field}`` of a list value becomes that list's lines."""
+    out: list[str] = []
+    for line in section(path, name):
+        listed = values.get(line[1:-1]) if line.startswith("{") and line.endswith("}") else None
+        out += listed if isinstance(listed, list) else [line.format(**values)]
+    return out
+
+
+def text(name: str, /, **values: Any) -> list[str]:
+    """:func:`fill` of the LoopVAE pages' and cards' prose (``docs/study_loopvae/text.md``)."""
+    return fill(TEXT, name, **values)
 
 
 def stage(result: dict[str, Any], branch: str, scale: str) -> dict[str, Any]:

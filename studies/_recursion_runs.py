@@ -109,12 +109,16 @@ def measure(release: Path, s: Settings, data: Path, resolution: int, count: int 
     :func:`eval_steps` depth and with the other solver (:func:`swapped_solvers`), and the :func:`probe`."""
     import torch
 
+    import loopdata
     from srvit.evaluate import Counts, batch_counts
     from srvit.loading import load_classifier
 
     torch.set_num_threads(threads)
     model, start = load_classifier(release).model.eval(), time.perf_counter()
-    images, labels = test_images(str(data / "cifar10-test-000000.tar"), resolution)
+    batches = list(loopdata.make_loader(str(data / "cifar10-test-000000.tar"), task="classification", train=False,
+                                        batch_size=250, num_workers=0, resolution=resolution, protocol="cifar",
+                                        num_classes=10))  # all test images, normalised, in shard order
+    images, labels = (torch.cat([b[k] for b in batches]) for k in ("image", "label"))
     chosen, trained = spread(len(labels), count), (model.solver.method, model.solver.step_size)
 
     def counts(steps: tuple[int, ...]) -> Counts:
@@ -162,17 +166,6 @@ def summarise_history(history: list[dict[str, float]], window: int = 10, every: 
             "final_train_loss": sum(tail) / len(tail),
             "entropy_curve": [[h["step"], [h[k] for k in sorted(h) if k.startswith("fusion_entropy/block")]]
                               for h in history if "fusion_entropy" in h and h["step"] % every == 0]}
-
-
-def test_images(test_urls: str, resolution: int) -> tuple[Any, Any]:
-    """All test images ``(N, 3, H, W)`` (normalised, in shard order) and labels ``(N,)``."""
-    import torch
-
-    import loopdata
-
-    batches = list(loopdata.make_loader(test_urls, task="classification", train=False, batch_size=250,
-                                        num_workers=0, resolution=resolution, protocol="cifar", num_classes=10))
-    return torch.cat([b["image"] for b in batches]), torch.cat([b["label"] for b in batches])
 
 
 def spread(total: int, count: int | None) -> Any:

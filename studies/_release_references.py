@@ -1,29 +1,32 @@
 """Train and bundle the tuned CPU references next to the bundled LoopVAE (``make release-references``) ->
 ``assets/models/<model>`` and ``docs/study_loopvae/references.json``.
 
-Each reference (AutoencoderKL's shape pick, AutoencoderDC) trains once at the recipe its own search picked
-(``docs/study_fair.md``, section 2) for the images the bundled LoopVAE saw (7,500 steps x 8 crops of 64^2; a recipe
-with other crops keeps the pixels), on the fair study's release split; then ``latent-stats`` on the training images,
-evaluation at 256^2 on kodim21-24 and the 40 held-out images, and a bundle of a few MB: EMA weights loadable with
-the diffusers class's ``from_pretrained``, ``release.json``, ``latent_stats.json`` and a model card. A reference not
-above bicubic on the held-out images is not bundled (its numbers are kept) and the command fails at the end.
-
-Usage: ``python studies/_release_references.py`` (~45 min on 2 cores; a rerun resumes); ``--steps N``: a smoke run
-that bundles nothing unless ``--bundle-dir`` is given; ``--cards-only``: rewrite the cards from references.json.
+Each reference trains once at the recipe its own search picked (``docs/study_fair.md``, section 2) for the images the
+bundled LoopVAE saw, on the fair study's release split; then latent statistics, evaluation at 256^2 and a bundle (EMA
+weights, ``release.json``, ``latent_stats.json``, a card). A reference not above bicubic on the held-out images is not
+bundled (its numbers are kept) and the command fails at the end. ``python studies/_release_references.py`` (~45 min
+on 2 cores; a rerun resumes); ``--steps N``: a smoke run that bundles only to ``--bundle-dir``; ``--cards-only``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import _fair as sf
+import _loopvae_pages as lp
 import _vae_runs as vr
+import torch
+
+from loopdata.assets import portable_text
+from looprun.checkpoint import sha256_file
+from looprun.release import card_front_matter, release_weights_file
+from loopvae.compare import _architecture
+from loopvae.latent_stats import STATS_FILE, latent_stats
 
 RELEASE_STEPS = 7500  # the bundled LoopVAE's steps x 8 crops of 64^2
 COMMAND = "make release-references"
@@ -50,60 +53,23 @@ def reference_arm(key: str, steps: int | None, docs: Path) -> tuple[vr.Arm, dict
 
 def write_card(target: Path, r: dict[str, Any]) -> None:
     """The bundle's README.md: the training command, images seen, CPU-hours, sha256 and the measured table."""
-    from looprun.release import card_front_matter
-
     ev, dc = r["eval"], r["class"] == "AutoencoderDC"
     splits = (("kodak", "kodim21–24", "kodim21-24 (Kodak), 256²"),
               ("imagenet", "40 held-out ImageNet", "40 held-out ImageNet-sample images, 256²"))
     results = [{"task": "image-to-image", "dataset": dataset, "type": m, "name": m.upper(), "value": ev[split][m]}
                for split, _, dataset in splits for m in ("psnr", "ssim")]
-    rows = "\n".join(f"| {label} | {ev[s]['psnr']:.2f} | {ev[s]['ssim']:.4f} | {ev[s]['baseline']['psnr']:.2f} |"
-                     for s, label, _ in splits)
-    (target / "README.md").write_text(card_front_matter(r["model"], "diffusers", [
-        "loopvision", "vae", "reference", r["class"]], results) + f"""# {r['model']}, trained (a tuned CPU reference \
-bundled with loopvision)
-
-diffusers `{r['class']}` (`loopvae.create_model("{r['model']}")`), {r['params']:,} parameters,
-{r['gmacs']:.2f} GMACs per 256² reconstruction: the
-{'shortcut-equipped ' if dc else ''}reference of loopvision's fair-comparison study
-(`docs/study_fair.md`), trained at the recipe its own search picked.
-
-## How it was made
-
-* command: `{COMMAND}` (`studies/_release_references.py`), preset `{sf.PRESET}` with the search's pick
-  **{r['recipe_arm']}** (`{' '.join(r['recipe']) or 'the base recipe'}` on top of `{' '.join(sf.BASE_RECIPE)}`)
-* data: {r['num_train']} training images (the shared ImageNet sample minus 40 held-out and 40 validation images,
-  plus kodim01–20), the images the bundled `loopvae-cnn-tiny` saw
-* {r['steps']:,} steps, {r['images_seen']:,} crops seen; {r['train_seconds'] / 3600:.2f} CPU-hours of optimisation on
-  one core
-* weights: EMA (0.999), fp32; `diffusion_pytorch_model.safetensors` sha256 `{r['sha256']}`
-* latent statistics (`loopvae latent-stats`, training images at 256²): {r['latent_note']}
-
-## Measured
-
-256², {'the deterministic latent' if dc else 'posterior mode'}, uint8 outputs; one
-training run, so these numbers are descriptive: the seed-level comparison is `docs/study_fair.md`.
-
-| images | PSNR | SSIM | bicubic (≥ equal values/px) |
-|---|---:|---:|---:|
-{rows}
-
-Load: `diffusers.{r['class']}.from_pretrained("assets/models/{r['model']}")`; every `loopvae` command takes the
-folder as `--checkpoint`; `loopvae compare --arm loopvae=assets/models/loopvae-cnn-tiny --arm
-ref=assets/models/{r['model']} --data assets/kodak/kodak-val-000000.tar --out runs/compare` compares it with the
-bundled LoopVAE.
-""")
+    card = lp.text("card-reference", r=r, command=COMMAND, preset=sf.PRESET, hours=r["train_seconds"] / 3600,
+                   shortcuts="shortcut-equipped " if dc else "", recipe=" ".join(r["recipe"]) or "the base recipe",
+                   base=" ".join(sf.BASE_RECIPE), latent="the deterministic latent" if dc else "posterior mode",
+                   rows=[f"| {label} | {ev[s]['psnr']:.2f} | {ev[s]['ssim']:.4f} | {ev[s]['baseline']['psnr']:.2f} |"
+                         for s, label, _ in splits])
+    front = card_front_matter(r["model"], "diffusers", ["loopvision", "vae", "reference", r["class"]], results)
+    (target / "README.md").write_text(front + "\n".join(card) + "\n")
 
 
 def bundle(release: Path, target: Path, r: dict[str, Any]) -> None:
     """Copy the release's config, latent statistics and EMA weights to ``target`` with release.json and the card."""
-    from looprun.release import WEIGHTS_NAME, release_weights_file
-
-    shutil.rmtree(target, ignore_errors=True)
-    target.mkdir(parents=True)
-    for src, name in ((release / "config.json", "config.json"), (release / "latent_stats.json", "latent_stats.json"),
-                      (release_weights_file(release), WEIGHTS_NAME)):
-        shutil.copy2(src, target / name)
+    vr.copy_bundle(release, target)
     info = json.loads((release / "release.json").read_text()) | {
         "command": COMMAND, "recipe_arm": r["recipe_arm"], "images_seen": r["images_seen"],
         "train_cpu_hours": round(r["train_seconds"] / 3600, 3)}
@@ -114,11 +80,6 @@ def bundle(release: Path, target: Path, r: dict[str, Any]) -> None:
 def measure(arm: vr.Arm, record: dict[str, Any], run: Path, data: vr.StudyData, timings: vr.Timings,
             limit: int | None) -> dict[str, Any]:
     """A trained reference's references.json entry: latent statistics, architecture, evaluation, curve, sha256."""
-    from looprun.checkpoint import sha256_file
-    from looprun.release import release_weights_file
-    from loopvae.compare import _architecture
-    from loopvae.latent_stats import STATS_FILE, latent_stats
-
     release = run / "release"
     if not (release / STATS_FILE).is_file():
         latent_stats(release, data.train, limit=limit, num_workers=0, progress=False)
@@ -155,8 +116,6 @@ def main() -> int:
                 write_card(bundles / name, r)
                 print(f"card rewritten: {bundles / name / 'README.md'}")
         return 0
-    from loopdata.assets import portable_text
-
     runs = Path(args.runs)
     runs.mkdir(parents=True, exist_ok=True)
     data = vr.release_data(args.shared, runs / "data", "the references' release")
@@ -165,8 +124,6 @@ def main() -> int:
     vr.train_arms([arm for arm, _ in planned], data, runs, args.jobs, 1, timings, preset=sf.PRESET,
                   extra_args=("--val-data", data.validation))
     vr.keep_freed_memory_mapped()
-    import torch
-
     torch.set_num_threads(2)
     out: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "command": COMMAND, "references": {}}
     refused: list[str] = []

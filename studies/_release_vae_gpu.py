@@ -1,10 +1,8 @@
 """The GPU-budget release (``make release-vae-gpu``): ``loopvae-cnn-small`` and ``flux-vae-small`` in one device call.
 
-``prepare`` (here): a compact training shard (shorter side 256 px, JPEG 90) and the held-out shard in ``gpu-data/``.
-``run`` (the device call): sizes both runs to ``--budget-s`` seconds of LoopVAE training (a probe's steps per second;
-the same steps for both), trains, evaluates per image at 256^2, intervenes, exports to ``--out``. ``bundle`` (here):
-``assets/models/loopvae-cnn-small`` with a card, ``docs/study_loopvae/release_gpu.json``. On CPU: ``--device cpu
---steps 2`` (``tests/vae/test_release_gpu_script.py``).
+``prepare`` (here): compact training and held-out shards. ``run`` (the device call): both models at the steps a probe
+fits into ``--budget-s`` seconds of LoopVAE training, evaluated per image at 256^2, LoopVAE intervened, exported.
+``bundle`` (here): ``assets/models/loopvae-cnn-small`` with a card, ``docs/study_loopvae/release_gpu.json``.
 """
 
 from __future__ import annotations
@@ -19,18 +17,27 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+import yaml
+from PIL import Image, ImageOps
+
+import loopdata
+from loopdata.shards import expand_urls, iter_samples
+from loopdata.writer import TarShardWriter
+from looprun.statistics import paired_difference
+from loopvae.evaluate import EvalOptions, evaluate
+from loopvae.intervene import run_interventions
+from loopvae.loading import load_artifact
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: studies/ holds _vae_runs
 import _vae_runs as vr  # noqa: E402
-
-from looprun.statistics import paired_difference  # noqa: E402
+from _loopvae_pages import text  # noqa: E402
 
 PRESET, MODELS = "release-small-gpu", {"loopvae": "loopvae-cnn-small", "reference": "flux-vae-small"}
 
 
 def reencode(data: bytes, short_side: int = 256, quality: int = 90) -> bytes:
     """JPEG bytes of an image (EXIF orientation applied), its shorter side at most ``short_side`` px."""
-    from PIL import Image, ImageOps
-
     with Image.open(io.BytesIO(data)) as img:
         img = ImageOps.exif_transpose(img).convert("RGB")
         scale, buf = short_side / min(img.size), io.BytesIO()
@@ -42,9 +49,6 @@ def reencode(data: bytes, short_side: int = 256, quality: int = 90) -> bytes:
 
 def prepare(train_urls: str, holdout_urls: str, out: Path) -> dict[str, Any]:
     """Write ``out/train-000000.tar`` (re-encoded) and ``out/holdout-000000.tar`` (bytes unchanged)."""
-    from loopdata.shards import expand_urls, iter_samples
-    from loopdata.writer import TarShardWriter
-
     out.mkdir(parents=True, exist_ok=True)
     counts = {}
     for prefix, urls, convert in (("train", train_urls, True), ("holdout", holdout_urls, False)):
@@ -69,10 +73,8 @@ def train(model: str, data: str, out: Path, device: str, overrides: list[str]) -
     return json.loads((out / "train_summary.json").read_text())
 
 
-def evaluate(release: Path, urls: dict[str, str], out: Path, device: str, resolution: int) -> dict[str, Any]:
+def evaluate_splits(release: Path, urls: dict[str, str], out: Path, device: str, resolution: int) -> dict[str, Any]:
     """Per split: mean PSNR / SSIM, the bicubic baseline and the per-image rows (sorted by shard and key)."""
-    from loopvae.evaluate import EvalOptions, evaluate
-
     result = {}
     for split, data in urls.items():
         m = evaluate(release, data, out / f"eval-{split}", EvalOptions(
@@ -86,13 +88,6 @@ def evaluate(release: Path, urls: dict[str, str], out: Path, device: str, resolu
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Calibrate, train both models at the same steps, evaluate, intervene, export; ``results.json`` in ``--out``."""
-    import torch
-    import yaml
-
-    import loopdata
-    from loopvae.intervene import run_interventions
-    from loopvae.loading import load_artifact
-
     data, out, work, started = Path(args.data), Path(args.out), Path(args.work), time.perf_counter()
     train_urls = str(data / "train-000000.tar")
     urls = {"kodak": ",".join(str(u) for u in loopdata.bundled_kodak_urls("val")),
@@ -117,7 +112,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         entry = result["models"][role] = {
             "name": model, "params": sum(p.numel() for p in net.parameters()), "images_seen": steps * int(batch),
             "wall_s": round(time.perf_counter() - start, 1), "train_wall_seconds": summary["train_wall_seconds"],
-            "eval": evaluate(run_dir / "release", urls, run_dir, args.device, args.eval_resolution)}
+            "eval": evaluate_splits(run_dir / "release", urls, run_dir, args.device, args.eval_resolution)}
         (out / role).mkdir(parents=True, exist_ok=True)  # weights in safetensors shards of at most 15 MB
         net.save_pretrained(out / role, max_shard_size="15MB", safe_serialization=True)
         for name in ("release.json", "README.md", "latent_stats.json"):
@@ -143,16 +138,11 @@ def bundle(source: Path, target: Path, docs: Path) -> None:
     shutil.rmtree(target, ignore_errors=True)
     shutil.copytree(source / "loopvae", target)
     ours, ref = results["models"]["loopvae"], results["models"]["reference"]
-    lines = [f"# loopvae-cnn-small, trained on one GPU ({results['device']})", "",
-             f"`make release-vae-gpu`: {results['steps']:,} steps of preset `{PRESET}` (bf16, 128² crops), "
-             f"{ours['images_seen']:,} crops seen in {ours['wall_s']:.0f} s; reference `flux-vae-small` "
-             f"({ref['params']:,} parameters) at the same images seen in {ref['wall_s']:.0f} s.", "",
-             "| images | PSNR | SSIM | bicubic | flux-vae-small | LoopVAE − reference (paired by image) |",
-             "|---|---:|---:|---:|---:|---|"]
-    lines += [f"| {s} | {ours['eval'][s]['psnr']:.2f} | {ours['eval'][s]['ssim']:.4f} | "
-              f"{ours['eval'][s]['baseline']['psnr']:.2f} | {ref['eval'][s]['psnr']:.2f} | {c['mean']:+.2f} dB, "
-              f"{c['verdict']} |" for s, c in results["comparisons"].items()]
-    (target / "README.md").write_text("\n".join(lines) + "\n")
+    rows = [f"| {s} | {ours['eval'][s]['psnr']:.2f} | {ours['eval'][s]['ssim']:.4f} | "
+            f"{ours['eval'][s]['baseline']['psnr']:.2f} | {ref['eval'][s]['psnr']:.2f} | {c['mean']:+.2f} dB, "
+            f"{c['verdict']} |" for s, c in results["comparisons"].items()]
+    card = text("card-gpu", results=results, ours=ours, ref=ref, preset=PRESET, rows=rows)
+    (target / "README.md").write_text("\n".join(card) + "\n")
     for entry in results["models"].values():
         for split in entry["eval"].values():
             split.pop("per_image", None)

@@ -418,3 +418,16 @@ def train_and_evaluate(name: str, out: Path, data: StudyData, preset: str, overr
     elif evaluate:
         record["evaluation"] = evaluate_per_image(out, data)
     return record
+
+
+def copy_bundle(release: Path, target: Path, names: tuple[str, ...] = ("config.json", "latent_stats.json")) -> None:
+    """A fresh bundle folder ``target``: ``names`` from the release folder ``release`` and its EMA weights."""
+    import shutil
+
+    from looprun.release import WEIGHTS_NAME, release_weights_file
+
+    shutil.rmtree(target, ignore_errors=True)
+    target.mkdir(parents=True)
+    for name in names:
+        shutil.copy2(release / name, target / name)
+    shutil.copy2(release_weights_file(release), target / WEIGHTS_NAME)

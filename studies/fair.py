@@ -2,8 +2,8 @@
 
 Phases ``shapes`` (the AutoencoderKL shape sweep), ``search`` (9 recipe arms per family at one CPU budget each)
 and ``main`` (each family at its pick, seeds 0-2, equal images and equal CPU-seconds; the pre-registered extra
-seeds); arms, picks and plan in ``_fair.py``. Verdicts: seed-level, Holm over P1-P4, through ``loopvae compare``'s
-:func:`~loopvae.compare.summarise` (paired t where the runs share their data order, Welch t otherwise).
+seeds); arms, picks and plan in ``_fair.py``, the page's prose in ``docs/study_fair/text.md``. Verdicts: seed-level,
+Holm over P1-P4, through ``loopvae compare``'s :func:`~loopvae.compare.summarise`.
 """
 
 from __future__ import annotations
@@ -11,20 +11,27 @@ from __future__ import annotations
 import json
 import statistics
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import _fair as sf
+import numpy as np
+import yaml
 from _fair import BASE_RECIPE, PRIMARY, SECONDARY, comparison, pick_recipe
+from _loopvae_pages import fill
 from _vae_runs import StudyData, release_data, train_and_evaluate, train_overrides
+from scipy import stats
 
 from looprun import statistics as st
 from looprun.study import Arm, Budget, Metric, Phase, PlannedRun, RunContext, Study
 from looprun.study import page as std
 from looprun.study.tables import md_table
+from loopvae import create_model
 
 __all__ = ["BASE_RECIPE", "STUDY", "pick_recipe"]  # what the sharing study reads: dcae-tiny's pick
 DOCS = Path(__file__).resolve().parents[1] / "docs/study_fair"  # probe.json and plan.json: the plan's inputs
+text = partial(fill, Path(__file__).resolve().parents[1] / "docs/study_fair/text.md")  # the page's prose
 FLAT_DB = 0.10  # a curve whose last validation interval gains less than this (dB, mean over seeds) is flat
 Runs = dict[str, list[dict[str, Any]]]  # group family@img / family@cpu -> its runs' result records
 
@@ -81,20 +88,14 @@ def reading(page: std.Page) -> dict[str, Any]:
     return page.__dict__["fair"]
 
 
+def _names(names: list[str]) -> str:
+    return ", ".join(f"`{n}`" for n in names)
+
+
 # -- sections 1 and 2: the shape sweep and the recipe searches ---------------------------------------------------
 def intro(page: std.Page) -> list[str]:
     ips = ", ".join(f"{k} {v:.1f}" for k, v in sf.costs(page.store.docs).items())
-    return ["Spec `studies/fair.py` (arms, searches and picks: `studies/_fair.py`); `make study-fair` runs what is "
-            "missing, `make study-fair-report` re-renders this page from the committed result files. Data: the "
-            "release split (740 training images: the shared ImageNet sample minus 40 held-out and 40 validation "
-            "images, plus kodim01–20); model selection only on the 40 validation images; verdicts on the 40 "
-            "held-out images. CPU runs, one thread each, two at a time.", "",
-            "The question: how much of a tokenizer's computation can share parameters, and what does it cost? "
-            "Earlier readings compared LoopVAE-with-shortcuts at its own tuned recipe against a badly shaped "
-            "reference trained at LoopVAE's recipe, with one run per model. Here every arm gets its own shape check "
-            "or search, the seed is the unit, and the comparisons were written down first.", "",
-            f"Cost probe (training images/s, one thread, side by side in one process, `probe.json`): {ips}.", "",
-            (page.store.docs / "preregistration.md").read_text().strip(), ""]
+    return [*text("intro", ips=ips), "", (page.store.docs / "preregistration.md").read_text().strip(), ""]
 
 
 def _end(r: dict[str, Any], key: str = "psnr", scale: float = 1.0, digits: int = 2) -> str:
@@ -106,52 +107,25 @@ def _score(x: float | None) -> str:
 
 
 def shapes_section(page: std.Page) -> list[str]:
-    import yaml
-
-    from loopvae import create_model
-
     rows = {label: page.records.get(f"shape-{label}-s0") for label, _, _ in sf.SHAPES}
     scores = sf.matched_scores({k: v for k, v in rows.items() if v is not None})
     body = [[label, f"`{model}` {ovr}", "–", "–", "–", "*missing*", "–"] if (r := rows[label]) is None else [
         label, f"`{model}` {ovr if ovr != '{}' else ''}",
         f"{sum(p.numel() for p in create_model(model, **(yaml.safe_load(ovr) or {})).parameters()):,}", r["steps"],
         f"{(r['train_seconds'] or 0) / 60:.1f}", _end(r), _score(scores.get(label))] for label, model, ovr in sf.SHAPES]
-    lines = ["## 1. The AutoencoderKL reference's shape", "",
-             "`flux-vae-tiny` (blocks 14/28/56/56, GroupNorm(7): 2 channels per group in 11 norm layers, 14 channels "
-             "at full resolution, a global-attention mid-block) is replaced by the best of four ~1.0M shapes, each "
-             "trained once at the search's base recipe (lr 1e-3, L1, 8 × 64²) for the same CPU budget (~5 "
-             "CPU-minutes, steps from the cost probe), validation PSNR at 256² on 40 images disjoint from training "
-             "and from the reported sets.", "",
-             *md_table(["shape", "model", "params", "steps", "CPU-min", "final PSNR", "at matched CPU time"], body,
-                       "llrrrrr")]
+    lines = [*text("shapes"), "", *md_table(["shape", "model", "params", "steps", "CPU-min", "final PSNR",
+                                             "at matched CPU time"], body, "llrrrrr")]
     winner, attn, plain = sf.shape_winner(page.records), scores.get("w32-attn"), scores.get("w32")
     if winner is not None:
-        lines += ["", f"Picked: **{winner[0]}** (`{winner[1]}`), the highest validation PSNR at matched CPU time."]
+        lines += ["", *text("picked", winner=winner)]
     if winner is not None and attn is not None and plain is not None:
-        lines.append(f"The attention mismatch, measured: the w32 shape with its global-attention mid-block (trained "
-                     f"on 8×8 latent tokens, evaluated on 32×32) scores {attn:.2f} dB against {plain:.2f} dB without "
-                     f"it at matched CPU time ({attn - plain:+.2f} dB, one seed each: descriptive). The reference "
-                     f"therefore {'keeps' if winner[0] == 'w32-attn' else 'drops'} the mid-block attention: every "
-                     "model is trained on 64² crops and evaluated at 256², one protocol for all arms, and the "
-                     "reference gets the variant that scores best under it.")
+        lines += text("attention", attn=attn, plain=plain, diff=attn - plain,
+                      keeps="keeps" if winner[0] == "w32-attn" else "drops")
     return [*lines, ""]
 
 
 def search_section(page: std.Page) -> list[str]:
-    docs, records = page.store.docs, page.records
-    lines = ["## 2. A recipe search per arm (same arms, same CPU budget per arm)", "",
-             "Nine arms per family from the same base (lr 1e-3, L1, 8 × 64², warm-up 50, cosine, EMA 0.999): lr 2e-3 "
-             "and 4e-3, L1 + 10 MSE alone and with each lr, 32 crops of 32², 4 crops of 96², and one family-specific "
-             "knob (LoopVAE: one learning rate instead of ×10 on its zero-initialised modulation path; the references "
-             "have no such path, so theirs drops the latent training noise they inherit from LoopVAE's recipe). Each "
-             "arm gets ~5 CPU-minutes (one thread); scored by validation PSNR interpolated at the CPU time every arm "
-             "of the family reached. One seed per arm: the pick is a choice, not a verdict; a gap under 0.1 dB to the "
-             "runner-up is flagged as a coin toss. `loopvae-sc` reuses the seven arms its earlier search ran with "
-             "identical settings (the LoopVAE study's recipe search, code of 2026-12-04) and adds the two lr "
-             "4e-3 arms. The searches of 2026-12-06 ran (two at a time, from a fixed worktree of the commit each "
-             "result file names) beside development work on the same 2-core machine, so their measured CPU-seconds "
-             "carry some contention; every arm's step count was fixed in advance from the quiet cost probe, and the "
-             "*final* column compares arms at those planned budgets.", ""]
+    docs, records, lines = page.store.docs, page.records, [*text("search"), ""]
     for key, family in sf.FAMILIES.items():
         rows, model, extra = sf.search_rows(records, key, docs), sf.family_model(key, records), sf.CORRECTION_ARM.name
         # the pre-registered arms are scored among themselves (the pick's rule), the correction arm among all ten
@@ -165,10 +139,9 @@ def search_section(page: std.Page) -> list[str]:
                             "llrrrrl")]
         if (p := sf.pick(records, key, docs)) is not None:
             toss = " — **coin toss** (gap < 0.1 dB, within one seed's noise)" * _toss(p["gap"])
-            lines += ["", f"Pick: **{p['arm']}** ({p['score']:.2f} dB at {p['matched_seconds'] / 60:.1f} CPU-min; "
-                          f"runner-up {p['runner_up']} by {p['gap']:+.2f} dB){toss}."]
+            lines += ["", *text("pick", p=p, minutes=p["matched_seconds"] / 60, toss=toss)]
         if key in sf.CORRECTED_FAMILIES:
-            lines += ["", correction_line(records, key, docs)]
+            lines += ["", *correction_lines(records, key, docs)]
         total = sum(r["curve"][-1]["train_seconds"] for r in rows.values() if r.get("curve"))
         lines += ["", f"CPU spent on this search: {total / 60:.0f} CPU-minutes over {len(rows)} arms.", ""]
     return lines
@@ -179,20 +152,14 @@ def _toss(gap: float | None) -> bool:
     return gap is not None and gap < 0.1
 
 
-def correction_line(records: sf.Records, key: str, docs: Path) -> str:
+def correction_lines(records: sf.Records, key: str, docs: Path) -> list[str]:
     """What the review's lr-5e-4 arm (``corrections.md``, written before it ran) did to a family's pick."""
     first, c, name = sf.pick(records, key, docs), sf.pick(records, key, docs, True), sf.CORRECTION_ARM.name
     if c is None:
-        return f"*Review correction*: the `{name}` arm has not run yet (`loopvae study fair --phase search`)."
-    if first is not None and c["arm"] != first["arm"]:
-        return (f"*Review correction* (`corrections.md`): with `{name}` added the pick **moves** to **{c['arm']}** "
-                f"({c['score']:.2f} dB, {c['gap']:+.2f} dB over {c['runner_up']}); by the rule written before it "
-                "ran, this family's equal-images runs are repeated at it and both verdicts are shown.")
-    toss = " (by less than 0.1 dB on one seed: a coin toss, so lr 1e-3 is bracketed only narrowly)"
-    return (f"*Review correction* (`corrections.md`): with `{name}` added, the pick stays **{c['arm']}** "
-            f"({c['score']:.2f} dB at {c['matched_seconds'] / 60:.1f} CPU-min; runner-up {c['runner_up']} by "
-            f"{c['gap']:+.2f} dB): the lower learning rate does not win, so the main runs stand as run"
-            f"{toss * _toss(c['gap'])}.")
+        return text("correction-missing", name=name)
+    toss = " (by less than 0.1 dB on one seed: a coin toss, so lr 1e-3 is bracketed only narrowly)" * _toss(c["gap"])
+    return text("correction-moves" if first is not None and c["arm"] != first["arm"] else "correction-stays",
+                name=name, c=c, minutes=c["matched_seconds"] / 60, toss=toss)
 
 
 # -- section 3: the 2 x 2 at each arm's pick ---------------------------------------------------------------------
@@ -201,17 +168,13 @@ def main_section(page: std.Page) -> list[str]:
     plan, arms, missing = f["plan"], f["arms"], f["missing"]
     lines = ["## 3. The 2 × 2 at each arm's own recipe", ""]
     if plan:
-        lines.append(f"Every main run trains on the training code of commit `{plan['main_commit'][:10]}` (`plan.json`; "
-                     "the engine refuses a checkout whose packages/ or pipelines/ differ from it)."
-                     + other_commits_note(page.records, plan["main_commit"]))
+        lines += text("main-commit", commit=plan["main_commit"][:10],
+                      others=other_commits_note(page.records, plan["main_commit"]))
     if plan.get("probe"):
-        lines.append(f"The equal-CPU step counts come from a cost probe on that commit ({plan['probe']['date']}, "
-                     "training images/s, one thread, side by side): "
-                     f"{', '.join(f'{k} {v:.1f}' for k, v in plan['probe']['images_per_second'].items())}.")
+        lines += text("main-probe", date=plan["probe"]["date"], ips=", ".join(
+            f"{k} {v:.1f}" for k, v in plan["probe"]["images_per_second"].items()))
     if missing:
-        lines += ["", f"**Not yet run** ({len(missing)} of the {f['stage1']} runs planned so far): "
-                      f"{', '.join(f'`{m}`' for m in missing)}. Every number below covers the finished runs only; a "
-                      "comparison whose arms lack runs is absent, not estimated."]
+        lines += ["", *text("not-yet-run", count=len(missing), planned=f["stage1"], names=_names(missing))]
     if not arms:
         return [*lines, "", "No main run has finished yet.", ""]
     body = [[name, f"{len(runs)} ({', '.join(str(r['seed']) for r in runs)})", runs[0]["steps"],
@@ -222,26 +185,24 @@ def main_section(page: std.Page) -> list[str]:
              f"{statistics.fmean(_mean(r, split='kodak') for r in runs):.2f}"]
             for name, runs in sorted(arms.items()) for psnrs in [[_mean(r) for r in runs]]]
     first = next(iter(arms.values()))[0]
+    low = first["evaluation"].get("imagenet_low_resolution")
     body.append(["bicubic (0.25 values/px)", "–", "–", 0, "–", "–", f"{_mean(first, 'bicubic_psnr'):.2f}", "–", "–",
                  f"{_mean(first, 'bicubic_ssim'):.4f}", "–"])
     lines += ["", *md_table(["arm", "runs (seeds)", "steps", "params", "GMACs", "CPU-min / run", "PSNR (40 ImageNet)",
                              "seed s.d.", "− bicubic [95% CI, seeds] (exploratory)", "SSIM", "kodim21–24 PSNR"], body,
-                            "llrrrrrrlrr"), "", bicubic_note(first), ""]
+                            "llrrrrrrlrr"), "",
+              *(text("bicubic", low=low, vpp=3 * low[0] * low[1] / 256**2,
+                     tokens=first["evaluation"]["arch"]["values_per_pixel"]) if low else text("bicubic-plain")), ""]
     for title, fam, summ in (("Primary comparisons (pre-registered, Holm over the four, PSNR)", PRIMARY, f["primary"]),
                              ("Exploratory comparisons", SECONDARY, f["secondary"])):
-        lines += [f"### {title}", "", *comparison_table(fam, summ, fam is PRIMARY), "", "The intervals are the "
-                  "unadjusted 95% t-intervals; the verdicts are read from the Holm-adjusted p-values, so an interval "
-                  "that excludes 0 can sit beside an *inconclusive* verdict (P3). Holm-level intervals: "
-                  f"{holm_intervals(summ, fam)}.", ""]
+        lines += [f"### {title}", "", *comparison_table(fam, summ, fam is PRIMARY), "",
+                  *text("holm", levels=holm_intervals(summ, fam)), ""]
     # null rows: each distinct pair of seeds once (the two families share groups)
     nulls = list({tuple(sorted((str(n["a"]), str(n["b"])))): n for summ in (f["primary"], f["secondary"]) if summ
                   for n in summ["null_rows"]}.values())
     if nulls:
-        lines += ["### Null rows: two seeds of one arm, compared by image", "",
-                  f"{sum(n['excludes_zero'] for n in nulls)} of {len(nulls)} distinct seed pairs of identical "
-                  "configurations have a by-image 95% interval that excludes 0 (largest |diff| "
-                  f"{max(abs(n['diff']) for n in nulls):.2f} dB): a by-image verdict between single runs would call "
-                  "these 'different'. This is why the seed is the unit.", ""]
+        lines += [*text("null-rows", excluding=sum(n["excludes_zero"] for n in nulls), pairs=len(nulls),
+                        largest=max(abs(n["diff"]) for n in nulls)), ""]
     lines += sensitivity_lines(arms) + divergence_lines(arms, f["primary"] is not None and f["secondary"] is not None)
     lines += extra_seed_lines(f["rule"]) + cpu_budget_lines(arms) + flattening_lines(f["computed"]["flattening"])
     return [*lines, f"![validation PSNR against images seen and CPU-seconds]({plot_curves(page)})", ""]
@@ -252,16 +213,6 @@ def describe(d: dict[str, Any]) -> str:
     if d["low"] is None:
         return f"{d['mean']:+.2f} (one seed)"
     return f"{d['mean']:+.2f} [{d['low']:+.2f}, {d['high']:+.2f}] (n = {d['n']}): {d['verdict']}"
-
-
-def bicubic_note(run: dict[str, Any]) -> str:
-    """What the bicubic row is, from a run's evaluation: its low resolution and values per pixel."""
-    if not (low := run["evaluation"].get("imagenet_low_resolution")):
-        return "The bicubic row downsamples each 256² image and upsamples it back (bicubic, antialiased)."
-    return (f"The bicubic row keeps a {low[0]}×{low[1]} RGB image per 256² image ({3 * low[0] * low[1] / 256**2:.3f} "
-            "values per pixel, the smallest size with at least the tokenizers' "
-            f"{run['evaluation']['arch']['values_per_pixel']:.2f}) and upsamples it back; the − bicubic column is "
-            "each arm's seeds against it (exploratory).")
 
 
 def _diff(c: dict[str, Any], digits: int = 2) -> str:
@@ -310,10 +261,8 @@ def sensitivity_lines(arms: Runs) -> list[str]:
         return []
     welch = st.apply_holm([st.welch_difference([_mean(r) for r in arms[a]], [_mean(r) for r in arms[b]])
                            for _, _, a, b in PRIMARY])
-    return ["**Sensitivity (not the pre-registered test)**: under Welch's t instead of the paired t, Holm over the "
-            "same four: " + "; ".join(f"{pid} {d.mean:+.2f} dB, Holm p {d.p_adjusted:.3g}: {d.verdict}"
-                                      for (pid, *_), d in zip(PRIMARY, welch, strict=True))
-            + ". A verdict that changes here rests on the pairing and on very few degrees of freedom.", ""]
+    return [*text("sensitivity", parts="; ".join(f"{pid} {d.mean:+.2f} dB, Holm p {d.p_adjusted:.3g}: {d.verdict}"
+                                                 for (pid, *_), d in zip(PRIMARY, welch, strict=True))), ""]
 
 
 def divergence_lines(arms: Runs, with_verdicts: bool = True) -> list[str]:
@@ -333,23 +282,19 @@ def divergence_lines(arms: Runs, with_verdicts: bool = True) -> list[str]:
                         key=lambda t: t[0])
         vs = {k: [statistics.fmean(x[k] for r in rs for x in r["evaluation"]["imagenet"]) for rs in ([bad], rest)]
               for k in ("colour_error", "low_freq_rmse", "high_freq_rmse", "out_of_range")}
-        lines += [f"### Diverging seed: `{bad['name']}` ({name})", "",
-                  f"Held-out PSNR {vals[worst]:.2f} dB against {statistics.fmean(vals[:worst] + vals[worst + 1:]):.2f} "
-                  f"for the arm's other seeds; lower on {sum(d < 0 for d, _ in deltas)} of {len(deltas)} images; worst "
-                  f"image `{deltas[0][1]['key']}` {deltas[0][0]:+.2f} dB (its reference has "
-                  f"{100 * deltas[0][1]['saturated_ref']:.0f}% saturated pixels). Error kind, this seed vs the others "
-                  "(means over images): " + ", ".join(f"{label} {vs[k][0]:.4f} vs {vs[k][1]:.4f}" for k, label in (
-                      ("colour_error", "colour shift"), ("low_freq_rmse", "low-frequency RMSE"),
-                      ("high_freq_rmse", "high-frequency RMSE"))) + f", out-of-range pixels "
-                  f"{100 * vs['out_of_range'][0]:.2f}% vs {100 * vs['out_of_range'][1]:.2f}%.", ""]
+        kinds = ", ".join(f"{label} {vs[k][0]:.4f} vs {vs[k][1]:.4f}" for k, label in (
+            ("colour_error", "colour shift"), ("low_freq_rmse", "low-frequency RMSE"),
+            ("high_freq_rmse", "high-frequency RMSE")))
+        lines += [*text("diverging", name=bad["name"], group=name, value=vals[worst],
+                        others=statistics.fmean(vals[:worst] + vals[worst + 1:]), lower=sum(d < 0 for d, _ in deltas),
+                        images=len(deltas), worst=deltas[0][1]["key"], delta=deltas[0][0],
+                        saturated=100 * deltas[0][1]["saturated_ref"], kinds=kinds,
+                        range_seed=100 * vs["out_of_range"][0], range_others=100 * vs["out_of_range"][1]), ""]
         lines += without_seed_lines(arms, name, bad) if with_verdicts else []
     if not lines and any(len(runs) > 1 for runs in arms.values()):  # the rule was applied and found nothing
         margins = {n: (spreads[n], st.disagreement_threshold(others[n])) for n, v in arms.items() if len(v) > 1}
         widest = max(margins, key=lambda k: margins[k][0] / margins[k][1])
-        lines += ["### Diverging seeds: none", "", "No arm's seeds spread by more than the pre-registered threshold "
-                  "(max(0.5 dB, 5 × the other arms' median spread)); the closest is "
-                  f"`{widest}`, {margins[widest][0]:.2f} dB between its seeds against a threshold of "
-                  f"{margins[widest][1]:.2f} dB.", ""]
+        lines += [*text("no-divergence", group=widest, spread=margins[widest][0], threshold=margins[widest][1]), ""]
     return lines
 
 
@@ -383,26 +328,17 @@ def extra_seed_lines(rule: dict[str, Any]) -> list[str]:
         holm = f"{c['diff']:+.2f} dB, Holm p {'–' if c.get('p_holm') is None else format(c['p_holm'], '.3g')}"
         names = rule["extra_runs"].get(pid, [])
         todo = [n for n in names if n in rule["missing"]]
-        state = (f"{len(todo)} of {len(names)} runs to go: `loopvae study fair --phase main` plans them (from a "
-                 "worktree of `plan.json`'s commit, [development.md](development.md#studies-across-sittings))"
-                 if todo else "done: the verdict above uses seeds 0–4")
-        lines.append(f"- {pid} at seeds 0–2: {c['verdict']} ({holm}): no extra seeds." if pid not in rule["extended"]
-                     else f"- {pid} at seeds 0–2: inconclusive ({holm}): by the pre-registration `{a}` and `{b}` get "
-                     f"seeds {' and '.join(map(str, sf.EXTRA_SEEDS))} (once; {', '.join(f'`{n}`' for n in names)}), "
-                     f"{state}.")
-    return ["### Extra seeds (pre-registered rule, decided at seeds 0–2)", "", *lines, "", "This rule is optional "
-            f"stopping without alpha spending: its per-comparison type-I error is {optional_stopping_error():.3f} at a "
-            "nominal 0.05 (simulated under the null, paired t at 3 then 5 seeds), so the verdicts of the extended "
-            "comparisons (P2, P3) are slightly liberal. Later studies fix their seed count before the runs (e.g. "
-            "`docs/study_sharing.md`).", ""]
+        state = text("extra-seeds-to-run", todo=len(todo), runs=len(names))[0] if todo else \
+            "done: the verdict above uses seeds 0–4"
+        lines += text("extra-seed-added", pid=pid, holm=holm, a=a, b=b, seeds=" and ".join(map(str, sf.EXTRA_SEEDS)),
+                      names=_names(names), state=state) if pid in rule["extended"] else \
+            text("extra-seed-kept", pid=pid, c=c, holm=holm)
+    return [*text("extra-seeds", items=lines, error=optional_stopping_error()), ""]
 
 
 def optional_stopping_error(n1: int = 3, n2: int = 5, alpha: float = 0.05, sims: int = 200_000) -> float:
     """Per-comparison type-I error of the extra-seed rule (paired t at ``n1`` seeds, if not significant again at
     ``n2``), simulated under the null with normal differences (a fixed seed: the page is reproducible)."""
-    import numpy as np
-    from scipy import stats
-
     d = np.random.default_rng(0).standard_normal((sims, n2))
     significant = lambda x: np.abs(x.mean(1) / (x.std(1, ddof=1) / np.sqrt(x.shape[1]))) > stats.t.ppf(
         1 - alpha / 2, x.shape[1] - 1)
@@ -430,14 +366,8 @@ def cpu_budget_lines(arms: Runs) -> list[str]:
                   for p in (regular(r["curve"]) for r in arms[b])
                   if len(p) >= 2 and p[-1]["train_seconds"] > p[-2]["train_seconds"]]
         effect = statistics.fmean(slopes) * (sb - sa) if slopes else float("nan")
-        lines.append(f"- {pid}: `{b}` trained for {sb:.1f} CPU-s per run, `{a}` for {sa:.1f}: {sb / sa:.2f}× "
-                     f"(measured, mean over seeds). On `{b}`'s own curve (last-interval slope) the difference is worth "
-                     f"about {effect:+.2f} dB to `{b}`, so {pid} at truly equal CPU would read about {effect:+.2f} dB "
-                     f"more favourably for `{a}`.")
-    return ["### Equal CPU-seconds, as measured", "", "The equal-CPU step counts were sized from a throughput probe, "
-            "which underestimated LoopVAE's measured throughput; so the budgets were not equal. Measured:", "", *lines,
-            "", "No verdict moves by these amounts (compare each with its interval above), but the page no longer "
-            "calls these budgets equal: read *equal CPU-seconds* as *the probe's equal CPU-seconds*.", ""] * bool(lines)
+        lines += text("cpu-budget-item", pid=pid, a=a, b=b, sa=sa, sb=sb, ratio=sb / sa, effect=effect)
+    return [*text("cpu-budget", items=lines), ""] if lines else []
 
 
 def flattening(arms: Runs) -> dict[str, dict[str, Any]]:
@@ -455,15 +385,13 @@ def flattening(arms: Runs) -> dict[str, dict[str, Any]]:
 
 
 def flattening_lines(flat: dict[str, dict[str, Any]]) -> list[str]:
-    parts = [f"`{n}` {v['last_interval_db']:+.2f} dB over its last {v['last_interval_crops']:,.0f} crops "
-             f"({100 * v['last_interval_db'] / v['run_gain_db']:.0f}% of its gain since the first validation): "
-             f"{'flat' if v['flat'] else 'still rising'}" for n, v in flat.items()]
+    if not flat:
+        return []
+    parts = "; ".join(text("flattening-item", name=n, v=v, share=100 * v["last_interval_db"] / v["run_gain_db"],
+                           state="flat" if v["flat"] else "still rising")[0] for n, v in flat.items())
     rising = ", ".join(f"`{k}`" for k, v in flat.items() if not v["flat"])
-    tail = (f" The curves of {rising} have not flattened, so a longer run would raise them further; with a cosine "
-            "learning rate (down to 2% at the end) part of every curve's final flattening is the schedule, so these "
-            "are the values at this budget, not the arms' limits.") if rising else ""
-    return [f"**Have the curves flattened?** (last validation interval, mean over seeds; flat below +{FLAT_DB:.2f} "
-            "dB) " + "; ".join(parts) + "." + tail, ""] if flat else []
+    tail = text("flattening-rising", rising=rising)[0] if rising else ""
+    return [*text("flattening", flat=FLAT_DB, parts=parts, tail=tail), ""]
 
 
 def other_commits_note(records: sf.Records, main_commit: str) -> str:
@@ -472,9 +400,7 @@ def other_commits_note(records: sf.Records, main_commit: str) -> str:
     for name, r in records.items():
         if name.startswith("main-") and (commit := (r.get("code") or {}).get("commit", "")) not in ("", main_commit):
             others.setdefault(commit, []).append(name)
-    return "".join(f" {', '.join(f'`{n}`' for n in sorted(names))} ran from commit `{c[:10]}` (branch "
-                   f"`study-fair-extra-seeds`: `{main_commit[:10]}` plus the driver's `--budgets` filter in "
-                   "benchmarks/, the same training code, which the driver checked)."
+    return "".join(text("other-commit", names=_names(sorted(names)), commit=c[:10], main=main_commit[:10])[0]
                    for c, names in sorted(others.items()))
 
 
@@ -529,42 +455,32 @@ def conclusion_lines(arms: Runs, primary: dict[str, Any] | None, secondary: dict
                      missing: list[str]) -> tuple[list[str], dict[str, Any]]:
     """The pre-registered conclusion once every planned main run has finished: what recurrence buys (P1-P4), what
     shortcuts buy (S1-S2, exploratory), at what cost in weights, MACs and training CPU-ms per image."""
-    lines = ["## 4. Conclusion (computed from the verdicts above)", ""]
     if missing or not arms:
-        return [*lines, "Computed once every planned main run, the pre-registered extra seeds included, has finished "
-                f"({len(missing)} missing); the tables above show what has.", ""], {"complete": False}
+        return [*text("conclusion-waiting", missing=len(missing)), ""], {"complete": False}
+    lines, said_ = ["## 4. Conclusion (computed from the verdicts above)", ""], {}
     costs = {k: arm_costs(v) for k, v in arms.items()}
-    said_ = {}
     for title, (img, cpu) in (("LoopVAE against AutoencoderKL (neither with shortcuts)", PRIMARY[0::2]),
                               ("LoopVAE with shortcuts against AutoencoderDC", PRIMARY[1::2])):
-        (fa, fb), ratio = (g.split("@")[0] for g in img[2:]), {k: costs[img[2]][k] / costs[img[3]][k] for k in
-                                                               ("params", "gmacs", "train_ms_per_image")}
+        fa, fb = (g.split("@")[0] for g in img[2:])
         said_[fa] = [("equal images", comparison(primary, *img[2:])), ("equal CPU-seconds", comparison(primary,
                                                                                                         *cpu[2:]))]
-        lines.append(f"- **{title}** (`{fa}` − `{fb}`, primary, Holm): {img[0]} equal images {said(said_[fa][0][1])}; "
-                     f"{cpu[0]} equal CPU-seconds {said(said_[fa][1][1])}. `{fa}` stores {ratio['params']:.2f}× the "
-                     f"weights of `{fb}`, does {ratio['gmacs']:.2f}× its MACs per 256² image and takes "
-                     f"{ratio['train_ms_per_image']:.2f}× its training CPU time per image.")
+        lines += text("conclusion-primary", title=title, fa=fa, fb=fb, img=img[0], cpu=cpu[0],
+                      said_img=said(said_[fa][0][1]), said_cpu=said(said_[fa][1][1]),
+                      ratio={k: costs[img[2]][k] / costs[img[3]][k] for k in ("params", "gmacs", "train_ms_per_image")})
     for (sid, _, a, b), title, what in ((SECONDARY[0], "Shortcuts within LoopVAE", "the same model with and without "
                                          "its parameter-free shortcuts"), (SECONDARY[1], "AutoencoderDC against "
                                         "AutoencoderKL", "two different diffusers families: shortcuts are one of "
                                         "several differences")):
         said_[sid] = [("equal images", comparison(secondary, a, b))]
-        lines.append(f"- **{title}** (`{a.split('@')[0]}` − `{b.split('@')[0]}`, {what}; exploratory): {sid} equal "
-                     f"images {said(said_[sid][0][1])}.")
+        lines += text("conclusion-secondary", title=title, a=a.split("@")[0], b=b.split("@")[0], what=what, sid=sid,
+                      said=said(said_[sid][0][1]))
     span = lambda v: f"{v[0] / 1e6:.2f}M" if len(v) == 1 else f"{v[0] / 1e6:.2f}–{v[-1] / 1e6:.2f}M"
     loop, refs = (sorted({v["params"] for k, v in costs.items() if k.startswith("loopvae") == lv}) for lv in (1, 0))
-    summary = (f"At this scale ({span(loop)}-parameter LoopVAEs against {span(refs)}-parameter references, 64² crops, "
-               f"{sf.MAIN_STEPS:,} steps of 8 at equal images), LoopVAE against the AutoencoderKL reference "
-               f"{phrase(said_['loopvae'])}, and LoopVAE with shortcuts against AutoencoderDC "
-               f"{phrase(said_['loopvae-sc'])}; adding shortcuts to LoopVAE {phrase(said_['S1'])}, and AutoencoderDC "
-               f"against AutoencoderKL {phrase(said_['S2'])} (exploratory).")
-    return [*lines, "", summary, "", "These contrasts compare model families: block type (ConvNeXt-adaLN against "
-            "ResNet/GroupNorm or RMSNorm blocks), width profile, parameters, MACs and attention all differ together "
-            "with weight sharing, so none of them measures what sharing itself costs. That is `docs/study_sharing.md` "
-            "(the same model tied and untied), which also reruns P2 at three times the steps (P2-long): P2's "
-            "*inconclusive* is an early-budget reading (in the single 60,000-crop runs of section 5 dcae-tiny leads).",
-            ""], {"complete": True, "costs": costs, "summary": summary.replace("**", "")}
+    summary = text("conclusion-summary", loop=span(loop), refs=span(refs), steps=sf.MAIN_STEPS,
+                   p1=phrase(said_["loopvae"]), p2=phrase(said_["loopvae-sc"]), s1=phrase(said_["S1"]),
+                   s2=phrase(said_["S2"]))[0]
+    return [*lines, "", summary, "", *text("conclusion-families"), ""], {
+        "complete": True, "costs": costs, "summary": summary.replace("**", "")}
 
 
 def bundled_references(page: std.Page) -> list[str]:
@@ -573,14 +489,8 @@ def bundled_references(page: std.Page) -> list[str]:
     if not (refs := page.store.docs.parent / "study_loopvae" / "references.json").is_file():
         return []
     recorded = json.loads(refs.read_text())
-    names = ", ".join(f"`{name}`" for name, r in recorded["references"].items() if r.get("bundled"))
-    return ["## 5. The references bundled with the repository (`make release-references`)", "", "Each family's pick "
-            f"(section 2) was trained once more for the bundled LoopVAE's crops and bundled in `assets/models/` "
-            f"({names}; {recorded['date']}). One run per model, so their numbers describe runs and carry no verdict "
-            "(the seeds are sections 3 and 4); the table, with the bundled LoopVAE beside them, is "
-            "[study_loopvae.md](study_loopvae.md#the-tuned-references-bundled-next-to-it-make-release-references). "
-            "`loopvae compare` runs on them from a fresh clone "
-            "([evaluation.md](evaluation.md#comparing-tokenizers-loopvae-compare)).", ""]
+    names = _names([name for name, r in recorded["references"].items() if r.get("bundled")])
+    return [*text("bundled", names=names, date=recorded["date"]), ""]
 
 
 STUDY = Study(

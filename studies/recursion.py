@@ -10,6 +10,7 @@ Nothing was pre-registered: every verdict is exploratory. One run: ``_recursion_
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import statistics
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import _recursion_runs as runs
+from _text import paragraph
 
 from looprun.statistics import Difference, paired_difference
 from looprun.study import Arm, Budget, Metric, Phase, PlannedRun, Study
@@ -29,7 +31,7 @@ FUSION_MODES = ("last", "mean", "global", "token", "query")
 FLAT, NEAR_CHANCE, ROUTER_MARGIN, WITHIN = 0.10, 15.0, 0.05, 1.0  # the reading's thresholds (see their use)
 Stat = dict[int, float]  # seed -> value
 Summary = dict[str, dict[str, Any]]  # arm -> its seed statistics (summarise)
-PROTOCOL = Path(__file__).resolve().parents[1] / "docs/study_recursion/protocol.md"  # the page quotes it
+say = functools.partial(paragraph, Path(__file__).resolve().parents[1] / "docs/study_recursion/text.md")  # prose
 
 
 def _arm(name: str, section: str, group: str, model: dict[str, Any], extra: tuple[str, ...] = ()) -> Arm:
@@ -174,10 +176,6 @@ def flattening(curve: list[list[float]], steps: int) -> float:
     return (window(0.7, 0.8) - window(0.9, 1.0)) / max(curve[0][1] - window(0.9, 1.0), 1e-9)
 
 
-def mean_curve(curves: list[list[list[float]]]) -> list[list[float]]:
-    return [[points[0][0], sum(p[1] for p in points) / len(points)] for points in zip(*curves)]
-
-
 def summarise(records: Mapping[str, dict], picks: Mapping[str, dict], seeds: tuple[int, ...]) -> Summary:
     """Per arm at its group's pick: every reported quantity as a :data:`Stat` over the seeds (top-1 in %)."""
     out: Summary = {}
@@ -192,7 +190,8 @@ def summarise(records: Mapping[str, dict], picks: Mapping[str, dict], seeds: tup
         e.update(parameters=good[0]["parameters"], epochs=good[0]["epochs"], top1=st(lambda r: 100 * r["top1"]),
                  top5=st(lambda r: 100 * r["top5"]), final_loss=st(lambda r: r["final_train_loss"]),
                  flattening=st(lambda r: flattening(r["loss_curve"], r["steps"])),
-                 train_seconds=st(lambda r: r["train_seconds"]), loss_curve=mean_curve([r["loss_curve"] for r in good]),
+                 train_seconds=st(lambda r: r["train_seconds"]), loss_curve=[  # the seed mean
+                     [ps[0][0], sum(p[1] for p in ps) / len(ps)] for ps in zip(*(r["loss_curve"] for r in good))],
                  by_steps={k: st(lambda r, k=k: 100 * r["by_steps"][k])  # the depths every seed was evaluated at
                            for k in sorted(set.intersection(*(set(r["by_steps"]) for r in good)), key=int)},
                  horizon_steps=[str(k) for k in runs.horizon_steps(s)])
@@ -211,7 +210,7 @@ def summarise(records: Mapping[str, dict], picks: Mapping[str, dict], seeds: tup
     return out
 
 
-# -- the reading: every sentence is decided by the numbers ---------------------------------------------------
+# -- the reading: every sentence is decided by the numbers (its prose: text.md) --------------------------------
 def coin_toss(pick: Mapping[str, Any], noise: Stat | None) -> tuple[float, float, float] | None:
     """``(runner-up lr, its loss gap, the seed s.d.)`` when the runner-up is behind the pick by less than the seed
     s.d. of the arm's final loss (the pick is a coin toss between the two); else None."""
@@ -221,74 +220,49 @@ def coin_toss(pick: Mapping[str, Any], noise: Stat | None) -> tuple[float, float
     return None
 
 
+
 def lr_reading(s: Summary, picks: Mapping[str, dict], steps: int) -> list[str]:
     n, lrs = min(e["seeds"] for e in s.values() if e["seeds"]), []
     for group, p in picks.items():
         toss = coin_toss(p, s[p["arm"]].get("final_loss"))
-        lrs.append(f"{group} ({p['arm']}) {p['lr']:g} [" + ", ".join(
-            f"{float(lr):g}: " + ("diverged" if v is None else f"{v:.3f}")
-            for lr, v in sorted(p["losses"].items(), key=lambda kv: float(kv[0]))) + "]"
-            + " — still at the edge after extending the grid, so a better lr may lie outside it" * p["edge"]
-            + (f" — the runner-up {toss[0]:g} is only {toss[1]:.3f} behind, less than the seed s.d. of this arm's "
-               f"final loss ({toss[2]:.3f}): a coin toss between the two" if toss else ""))
+        losses = ", ".join(f"{float(lr):g}: " + ("diverged" if v is None else f"{v:.3f}")
+                           for lr, v in sorted(p["losses"].items(), key=lambda kv: float(kv[0])))
+        lrs.append(f"{group} ({p['arm']}) {p['lr']:g} [{losses}]" + say("lr-edge") * p["edge"]
+                   + (say("lr-toss", *toss) if toss else ""))
     flat = {a: mean(s[a]["flattening"]) for a in ("srvit-R1-last", "srvit-R4-query", "bvit-euler") if "top1" in s[a]}
     still = [a for a, v in flat.items() if v >= FLAT]
-    return [f"- **Statistics.** {n} seed(s) per arm, shared by every arm (the same initialisation seed and data "
-            "order), so every comparison is paired by seed: the mean of the per-seed differences with a 95% "
-            f"t-interval (df = {n - 1}) and a verdict, better / worse when the interval excludes 0, else inconclusive. "
-            f"Inconclusive means the data cannot tell, not that the arms are equal; with {n} seeds only consistent "
-            "differences several times the seed-to-seed wobble are resolved. No comparison was written down before "
-            "the runs and none is corrected for multiplicity over the page's dozens of comparisons: every verdict "
-            "here is exploratory.",
-            "- **Learning rates.** Picked per depth group by the lowest final training loss of seed 0 over the grid "
-            f"{{{', '.join(f'{v:g}' for v in LR_GRID)}}}, extended by halving / doubling while the best lr was the "
-            "smallest / largest tried: " + "; ".join(lrs) + ".",
-            f"- **Budget.** {steps} steps (≈{s['srvit-R1-last']['epochs']:.1f} epochs). Share of the training loss's "
-            f"total decrease made in the last 20% of steps (flattened below {100 * FLAT:.0f}%): "
-            + ", ".join(f"{a} {100 * v:.1f}%" for a, v in flat.items()) + "; " + (
-                f"still falling by that rule: {', '.join(still)}, so the budget under-trains them" if still else
-                "all have flattened by that rule") + ". The cosine schedule ends at 2% of the peak lr, which "
-            "flattens every curve's tail by itself; compare the final losses across depths below."]
+    return [say("statistics", n=n, df=n - 1),
+            say("learning-rates", grid="{" + ", ".join(f"{v:g}" for v in LR_GRID) + "}", picks="; ".join(lrs)),
+            say("flattening", steps=steps, epochs=s["srvit-R1-last"]["epochs"], flat=100 * FLAT,
+                shares=", ".join(f"{a} {100 * v:.1f}%" for a, v in flat.items()),
+                still=say("flattening-still", arms=", ".join(still)) if still else say("flattening-done"))]
 
 
 def srvit_reading(s: Summary, picks: Mapping[str, dict]) -> list[str]:
     loss = [s[a]["final_loss"] for a in ("srvit-R1-last", "srvit-R2-query", "srvit-R4-query")]
     r1, top = s["srvit-R1-last"]["top1"], []
-    modes = [m for m in ("query", "token", "global", "mean", "last") if all("top1" in s[f"srvit-R{r}-{m}"]
-                                                                            for r in (2, 4))]
+    modes = [m for m in ("query", "token", "global", "mean", "last")
+             if all("top1" in s[f"srvit-R{r}-{m}"] for r in (2, 4))]
     for m in modes:
         two, four = s[f"srvit-R2-{m}"], s[f"srvit-R4-{m}"]
         toss = coin_toss(picks[four["s"]["group"]], four["final_loss"])
-        top.append(f"`{m}` {fmt(two['top1'])} / {fmt(four['top1'])} at R=2/4: " + {
-            "rises": "rises with R", "falls": "falls with R", "mixed": "not monotone in R",
-            "flat": "R=4 − R=1 inconclusive"}[order([r1, two["top1"], four["top1"]])]
-            + f" (R=4 − R=1 {vs(four['top1'], r1)})" + (f" at its own lr {four['lr']:g}" + (
-                f", an lr picked over {toss[0]:g} on a {toss[1]:.3f} loss gap, less than the seed s.d. "
-                f"({toss[2]:.3f}): a coin toss" if toss else "") + f"; at {four['shared_lr']:g}, R=4 − R=1 is "
-                f"{vs(four['top1_at_shared_lr'], r1)}" if "top1_at_shared_lr" in four else ""))
+        own = say("top1-own-lr", lr=four["lr"], toss=say("top1-toss", *toss) if toss else "", shared=four["shared_lr"],
+                  diff=vs(four["top1_at_shared_lr"], r1)) if "top1_at_shared_lr" in four else ""
+        top.append(say("top1-mode", mode=m, r2=fmt(two["top1"]), r4=fmt(four["top1"]), own=own,
+                       trend=say(f"top1-{order([r1, two['top1'], four['top1']])}"), diff=vs(four["top1"], r1)))
     fused, last = [m for m in modes if m != "last"], {r: s[f"srvit-R{r}-last"] for r in (2, 4)}
-    shifted = [f"R={r}: at its own lr − at query's lr {vs(e['top1'], e['top1_at_shared_lr'])}; against `last` at "
-               f"query's lr ({e['shared_lr']:g}) instead: " + ", ".join(
-                   f"{m} − last {vs(s[f'srvit-R{r}-{m}']['top1'], e['top1_at_shared_lr'])}" for m in fused)
+    minus = lambda r, m, b: f"{m} − last {vs(s[f'srvit-R{r}-{m}']['top1'], b)}"  # noqa: E731
+    shifted = [say("plain-shifted", r=r, diff=vs(e["top1"], e["top1_at_shared_lr"]), lr=e["shared_lr"],
+                   fused=", ".join(minus(r, m, e["top1_at_shared_lr"]) for m in fused))
                for r, e in last.items() if "top1_at_shared_lr" in e]
-    return [f"- **Training loss vs R** (query fusion; R=1 {fmt(loss[0], 3)}, R=2 {fmt(loss[1], 3)}, R=4 "
-            f"{fmt(loss[2], 3)}): " + {
-                "rises": "it rises with R (R=4 − R=1 paired: higher): the deeper unrolled nets fit the training set "
-                         "worse in this budget.",
-                "falls": "it falls with R (R=4 − R=1 paired: lower): the deeper unrolled nets fit the training set "
-                         "better.",
-                "mixed": "R=4 differs from R=1 (paired) but not monotonically.",
-                "flat": "R=4 − R=1 is inconclusive (paired by seed)."}[order(loss)]
-            + f" R=4 − R=1: {vs(loss[2], loss[0], unit='', words=('higher', 'lower'))}.",
-            f"- **Top-1 vs R** (R=1 {fmt(r1)}%): " + "; ".join(top) + ". The paper reports SR-ViT-S rising 79.83 → "
-            "82.48 on ImageNet-1K for R = 1 → 4.",
-            "- **Plain recursion at its own lr.** `last` has its own sweep per depth: " + ", ".join(
-                f"R={r} {picks[f'R{r}-last']['lr']:g} (query's: {picks[f'R{r}']['lr']:g})" for r in (2, 4)) + ". "
-            + ("; ".join(shifted) + "." if shifted else "The sweep picked the same lr as `query`'s, so the earlier "
-               "comparison stands.") + " Every comparison with `last` below uses its own pick.",
-            "- **Fused vs plain recursion** (same R and budget; fused arms at `query`'s lr). " + "; ".join(
-                f"R={r}: " + ", ".join(f"{m} − last {vs(s[f'srvit-R{r}-{m}']['top1'], e['top1'])}" for m in fused)
-                for r, e in last.items()) + ".", *routing(s, fused)]
+    lrs = ", ".join(f"R={r} {picks[f'R{r}-last']['lr']:g} (query's: {picks[f'R{r}']['lr']:g})" for r in (2, 4))
+    return [say("loss-vs-r", r1=fmt(loss[0], 3), r2=fmt(loss[1], 3), r4=fmt(loss[2], 3),
+                trend=say(f"loss-{order(loss)}"),
+                diff=vs(loss[2], loss[0], unit="", words=("higher", "lower"))),
+            say("top1-vs-r", r1=fmt(r1), modes="; ".join(top)),
+            say("plain-own-lr", lrs=lrs, shifted="; ".join(shifted) + "." if shifted else say("plain-same-lr")),
+            say("fused-vs-plain", diffs="; ".join(f"R={r}: " + ", ".join(minus(r, m, e["top1"]) for m in fused)
+                                                  for r, e in last.items())), *routing(s, fused)]
 
 
 def routing(s: Summary, fused: list[str]) -> list[str]:
@@ -301,14 +275,9 @@ def routing(s: Summary, fused: list[str]) -> list[str]:
         credited = [who for _, who, d in diffs if d.verdict == "better"]
         wide = [(d.high - d.low, f"{name} [{d.low:+.2f}, {d.high:+.2f}]") for name, _, d in diffs
                 if d.verdict == "inconclusive" and d.low is not None and d.high > d.low]
-        out.append("- **Routing vs averaging the steps** (`mean`: equal weights, no parameters; `global`: one learned "
-                   "weight per step, shared by all tokens): " + "; ".join(f"{name} {text(d)}" for name, _, d in diffs)
-                   + ". " + (f"A learned router beats plain averaging for {', '.join(credited)}." if credited else
-                             "No router is shown to beat `mean` fusion" + (
-                                 f"; the intervals are too wide to call them equal (the widest, {max(wide)[1]}): "
-                                 "inconclusive, not a match" if wide else "") + ". So what the fused arms gain over "
-                             "`last` cannot be credited to (token-wise) routing at this budget, nor shown to come from "
-                             "averaging alone."))
+        out.append(say("routing", diffs="; ".join(f"{name} {text(d)}" for name, _, d in diffs), verdict=say(
+            "routing-credited", arms=", ".join(credited)) if credited else say(
+            "routing-not-shown", wide=say("routing-wide", widest=max(wide)[1]) if wide else "")))
     found = []
     for name in ("srvit-R4-query", "srvit-R4-token", "srvit-R2-query", "srvit-R2-token"):
         if "router_weights" not in (e := s[name]):
@@ -318,19 +287,14 @@ def routing(s: Summary, fused: list[str]) -> list[str]:
         top = max(set(favoured), key=favoured.count)
         share = sum(max(b) for b, f in zip(weights, favoured) if f == top) / favoured.count(top)
         ent = f"entropy {statistics.fmean(map(mean, e['router_entropy'])):.2f} of ln {r} = {math.log(r):.2f} nats"
-        found.append((name, f"{name}: near uniform (the heaviest step's mean weight is below {1 / r:.2f} + "
-                      f"{ROUTER_MARGIN:.2f} in the blocks; {ent})") if share < 1 / r + ROUTER_MARGIN else
-                     ("", f"{name}: step {top} is the heaviest in {favoured.count(top)} of {len(favoured)} blocks "
-                      f"(mean weight there {share:.2f}, uniform = {1 / r:.2f}); {ent}"))
+        near = share < 1 / r + ROUTER_MARGIN  # near uniform
+        found.append((name * near, say("router-uniform" if near else "router-step", arm=name, step=top, share=share,
+                                       count=favoured.count(top), blocks=len(favoured), uniform=1 / r,
+                                       margin=ROUTER_MARGIN, entropy=ent)))
     uniform = [name for name, _ in found if name]
-    return out + ["- **What the trained routers favour** (test images, all tokens): " + "; ".join(t for _, t in found)
-                  + "." + (f" Near-uniform routers ({', '.join(uniform)}) weigh every step about equally: their "
-                           "weights are close to `mean` fusion's (whether they also score like `mean` is the previous "
-                           "item's question), so a gain of these arms over `last` cannot be credited to token-wise "
-                           "routing " + (
-                               "unless a `mean` (and `global`) arm at the same budget is run beside them."
-                               if credited is None else "unless they beat the `mean` arm (previous item).")
-                           if uniform else "")] * bool(found)
+    return out + [say("routers", arms="; ".join(t for _, t in found), uniform=say(
+        "routers-uniform", arms=", ".join(uniform), unless=say(
+            "routers-unless-run" if credited is None else "routers-unless-beat")) if uniform else "")] * bool(found)
 
 
 def bvit_reading(s: Summary, steps: int) -> list[str]:
@@ -341,65 +305,45 @@ def bvit_reading(s: Summary, steps: int) -> list[str]:
     swaps = [(a, compare(sw["top1"], s[a]["top1"]), sw) for a in ("bvit-euler", "bvit-heun", "bvit-heun-T6h2")
              for sw in s[a].get("swapped", [])]
     verdicts = {a: [d.verdict for b, d, _ in swaps if b == a] for a, *_ in swaps}
-    out = [f"- **Deep supervision** (bViT, T={at}). At the horizon: {vs(deep[at], plain[at])} (the paper: no nominal "
-           f"gain). Run to {far} steps the plain bViT loses {fmt(drops[0])} points and the supervised one "
-           f"{fmt(drops[1])} (plain's drop − supervised's drop {text(graceful, words=('larger', 'smaller'))}): " + {
-               "better": "graceful degradation appears (the supervised one loses less).",
-               "inconclusive": "inconclusive whether supervision changes the degradation.",
-               "worse": "the supervised one degrades more."}[graceful.verdict] + " The paper's collapse to near "
-           f"chance without supervision {'appears' if mean(plain[far]) < NEAR_CHANCE else 'does not appear'} "
-           f"({fmt(plain[far])}% at {far} steps).",
-           "- **Euler vs Heun.** At matched steps (T=12, h=1; Heun uses 2× the block evaluations) Heun − Euler "
-           f"{vs(s['bvit-heun']['top1'], euler)}; at matched block evaluations and integration time (Heun T=6, h=2) "
-           f"{vs(s['bvit-heun-T6h2']['top1'], euler)}."]
-    out += ["- **Swapped solvers** (trained weights, the other solver at the same integration time T·h = 12): "
-            + "; ".join(f"{a} with {sw['solver']} (h={sw['step_size']:g}, {sw['steps']} steps, "
-                        f"{sw['block_evaluations']} evaluations) − with its own {text(d)}" for a, d, sw in swaps)
-            + ". Per trained arm: " + "; ".join(
-                f"{a}: {v.count('worse')} of {len(v)} worse, {v.count('better')} better (" + (
+    out = [say("deep-supervision", t=at, horizon=vs(deep[at], plain[at]), far=far, plain=fmt(drops[0]),
+               deep=fmt(drops[1]), diff=text(graceful, words=("larger", "smaller")),
+               verdict=say(f"degradation-{graceful.verdict}"), at_far=fmt(plain[far]),
+               collapse="appears" if mean(plain[far]) < NEAR_CHANCE else "does not appear"),
+           say("euler-heun", steps=vs(s["bvit-heun"]["top1"], euler),
+               evaluations=vs(s["bvit-heun-T6h2"]["top1"], euler))]
+    out += [say("swapped", swaps="; ".join(say("swap", arm=a, diff=text(d), **sw) for a, d, sw in swaps),
+                arms="; ".join(f"{a}: {v.count('worse')} of {len(v)} worse, {v.count('better')} better (" + (
                     "tied to the discretisation it was trained with" if v.count("worse") == len(v) else
                     "no swap is worse; inconclusive is not equal" if "worse" not in v else "partly tied") + ")"
-                for a, v in verdicts.items()) + ". A solver swap that costs accuracy means the weights fit their "
-            "discretisation rather than a field that any accurate solver integrates to the same answer."] * bool(swaps)
+                    for a, v in verdicts.items()))] * bool(swaps)
     inside = {}
     for a in ("bvit-euler", "bvit-euler-ds3", "bvit-blackbox"):
         if "top1" in s[a] and all(str(t) in s[a]["by_steps"] for t in range(1, s[a]["horizon"] + 1)):
             curve = [mean(s[a]["by_steps"][str(t)]) for t in range(1, s[a]["horizon"] + 1)]
             reach = next(t for t in range(1, len(curve) + 1) if min(curve[t - 1:]) >= curve[-1] - WITHIN)
             peak = max(range(len(curve)), key=curve.__getitem__)
-            inside[a] = (f"{a} {curve[0]:.1f}% at step 1 → {curve[-1]:.1f}% at step {len(curve)} (" + (
-                "rising at every step" if all(y >= x for x, y in zip(curve, curve[1:])) else "not monotone") + (
-                f", peak {curve[peak]:.1f}% at step {peak + 1}" if peak < len(curve) - 1 else "")
-                + f"), within {WITHIN:g} point of it from step {reach} on")
+            inside[a] = say("inside-arm", arm=a, first=curve[0], last=curve[-1], t=len(curve), within=WITHIN,
+                            reach=reach, shape="rising at every step" if all(
+                                y >= x for x, y in zip(curve, curve[1:])) else "not monotone",
+                            peak=f", peak {curve[peak]:.1f}% at step {peak + 1}" if peak < len(curve) - 1 else "")
     if inside:
         mid = str(e["horizon"] // 2)
         d = compare(deep[mid], plain[mid]) if {"bvit-euler", "bvit-euler-ds3"} <= set(inside) else None
-        out.append("- **Inside the horizon** (top-1 at every step 1..T, seed means): " + "; ".join(inside.values()) + (
-            f". At step {mid}, half the horizon, deep supervision − plain {text(d)}" + (
-                ": the supervised states are usable early (any-time prediction)." if d.verdict == "better" else ".")
-            if d else ""))
+        out.append(say("inside", arms="; ".join(inside.values()), mid=say(
+            "inside-mid", mid=mid, diff=text(d), early=": the supervised states are usable early (any-time "
+            "prediction)." if d.verdict == "better" else ".") if d else ""))
     if all("top1" in s[a] for a in ("bvit-T3", "bvit-T5")):
         stats, hs = [s[a]["top1"] for a in ("bvit-T3", "bvit-T5", "bvit-euler")], (3, 5, e["horizon"])
-        out.append(f"- **Depth at this budget** (bViT, Euler h=1, T = {', '.join(map(str, hs))} block evaluations; "
-                   f"top-1 {' / '.join(map(fmt, stats))}): " + "; ".join(
-                       f"T={h} − T=3 {vs(st, stats[0])}" for h, st in zip(hs[1:], stats[1:])) + ". " + {
-                       "rises": "Accuracy rises with T: depth pays at this budget.",
-                       "falls": "Accuracy falls with T: more steps of the shared block hurt at this budget.",
-                       "mixed": "Not monotone in T.", "flat": f"T={hs[-1]} − T=3 is inconclusive: this budget "
-                       "cannot show that depth matters, so depth trends of the papers cannot be tested with it."}[
-                       order(stats)])
+        out.append(say("depth", ts=", ".join(map(str, hs)), top1=" / ".join(map(fmt, stats)), diffs="; ".join(
+            f"T={h} − T=3 {vs(st, stats[0])}" for h, st in zip(hs[1:], stats[1:])), trend=say(
+            f"depth-{order(stats)}", t=hs[-1])))
     norms, turns = ([mean(x) for x in s["bvit-blackbox"][k]] for k in ("state_norms", "direction_change"))
     growth = [(v[12] / v[1]) ** (1 / 11) for v in (norms, [mean(x) for x in e["state_norms"]])]
     stop = next((t + 1 for t in range(12) if max(turns[t:12]) < 0.01), 12)  # from here on each step turns < 1%
-    return out + [f"- **Black-box field.** Euler − black-box {text(cost)}" + {
-        "better": ": the paper's few-point cost of `z' = F(z)` appears.",
-        "inconclusive": ": inconclusive whether the paper's few-point cost of `z' = F(z)` is there.",
-        "worse": ": black-box is better here, unlike the paper."}[cost.verdict] + " Its state norm grows "
-        f"×{growth[0]:.2f} per step over the 12 training steps (Euler: ×{growth[1]:.2f}), from {norms[1]:.3g} to "
-        f"{norms[12]:.3g}; " + (
-            f"from step {stop} on, each step turns the normalised state by < 1% (the final LayerNorm sees only the "
-            "direction), so the later steps barely act and the arm is effectively shallower." if stop < 12 else
-            "every training step still turns the normalised state by ≥ 1%."), *budget_reading(s, steps)]
+    return out + [say("blackbox", diff=text(cost), verdict=say(f"blackbox-{cost.verdict}"), growth=growth[0],
+                      euler=growth[1], start=norms[1], end=norms[12], turns=say(
+                          "blackbox-stops", stop=stop) if stop < 12 else say("blackbox-turns")),
+                  *budget_reading(s, steps)]
 
 
 def budget_reading(s: Summary, steps: int) -> list[str]:
@@ -410,27 +354,18 @@ def budget_reading(s: Summary, steps: int) -> list[str]:
                                             ("bViT at other T", "top1" in s["bvit-T3"]),
                                             ("the trained Euler and Heun bViTs evaluated with the other solver",
                                              "swapped" in bvit)) if not present]
-    return [f"- **Matched FLOPs** ({vit['block_evaluations']} block evaluations each): the 12-block ViT − bViT (Euler, "
-            f"T=12) {text(d)}; the ViT stores {vit['parameters'] / bvit['parameters']:.1f}× the parameters. " + {
-                "better": "Standard ViTs win at matched FLOPs, as Training Crossroads finds.",
-                "worse": "bViT wins at matched FLOPs here, unlike Training Crossroads.",
-                "inconclusive": "Inconclusive at matched FLOPs."}[d.verdict],
-            f"- **What this budget can and cannot test.** At top-1 ≈ {mean(r1):.0f}% (R=1) after {steps} steps "
-            f"(≈{vit['epochs']:.0f} epochs of 5,000 images), the study compares arms early in training: it can test "
-            f"which arm learns faster at equal steps (R=4 query − R=1 {vs(s['srvit-R4-query']['top1'], r1)}) and what "
-            "the trained weights do inside (routers, state norms, solvers), not the papers' converged ImageNet-1K / "
-            "CIFAR-100 accuracies, nor whether recursion's gains there appear only after hundreds of epochs."
-            + (f" Not run here: {', '.join(missing)}; conclusions that need them are not drawn above." if missing
-               else "")]
+    return [say("matched-flops", evaluations=vit["block_evaluations"], diff=text(d), verdict=say(f"flops-{d.verdict}"),
+                ratio=vit["parameters"] / bvit["parameters"]),
+            say("can-test", r1=mean(r1), steps=steps, epochs=vit["epochs"], diff=vs(s["srvit-R4-query"]["top1"], r1),
+                missing=say("not-run", arms=", ".join(missing)) if missing else "")]
 
 
 def reading(s: Summary, picks: Mapping[str, dict], steps: int) -> list[str]:
-    return ["## Reading (computed from the tables above; chance is 10%)", "", *lr_reading(s, picks, steps),
-            *srvit_reading(s, picks), *bvit_reading(s, steps), ""]
+    return [say("reading"), "", *lr_reading(s, picks, steps), *srvit_reading(s, picks), *bvit_reading(s, steps), ""]
 
 
 # -- the page ------------------------------------------------------------------------------------------------
-def tables(s: Summary, picks: Mapping[str, dict], records: Mapping[str, dict], seed: int, rel: str) -> list[str]:
+def tables(s: Summary, picks: Mapping[str, dict], records: Mapping[str, dict], seed: int) -> list[str]:
     lrs = sorted({float(lr) for p in picks.values() for lr in p["losses"]})
     bvit = {a: e for a, e in s.items() if runs.is_bvit(e["s"]) and "top1" in e}
     inside = {a: e for a, e in bvit.items() if all(str(t) in e["by_steps"] for t in range(1, e["horizon"] + 1))}
@@ -442,43 +377,36 @@ def tables(s: Summary, picks: Mapping[str, dict], records: Mapping[str, dict], s
     swapped = [[a, f"{solver(e)}, {h(e)}, {e['horizon']}", fmt(e["top1"]), sw["solver"], f"{sw['step_size']:g}",
                 sw["steps"], sw["block_evaluations"], fmt(sw["top1"]), vs(sw["top1"], e["top1"])]
                for a, e in bvit.items() for sw in e.get("swapped", [])]
+    norms = (0, 1, 2, 3, 6, 12, 24, 48)
     return [
-        "## Learning-rate sweep (seed 0; pick = lowest final training loss)", "", *md_table(
+        say("sweep-table"), "", *md_table(
             ["group", "arm", *[f"lr {v:g}: loss / top-1" for v in lrs], "pick"],
             [[g, p["arm"], *[cell(records.get(run_id(p["arm"], v, seed))) for v in lrs], f"{p['lr']:g}"]
-             for g, p in picks.items()]), "", f"![training loss](./{rel}/loss_curves.png)", "",
-        "## 1. SR-ViT: SoftMoR (token, query), uniform (mean), per-step (global) and plain recursion (last)", "",
-        "`last` uses the lr of its own sweep at each depth (groups R2-last, R4-last); the fused arms use the lr "
-        "picked for `query` at their depth.", "", *md_table(
+             for g, p in picks.items()]), "", say("fusion-table"), "", *md_table(
             ["arm", "R", "fusion_mode", "params", "block evals", "top-1 (%)", "top-5 (%)", "final train loss",
              "last-20% share", "train s"],
             [[a, e["horizon"], e["s"]["model"]["fusion_mode"], f"{e['parameters'] / 1e6:.3f}M", e["block_evaluations"],
               fmt(e["top1"]), fmt(e["top5"]), fmt(e["final_loss"], 3), f"{100 * mean(e['flattening']):.1f}%",
               f"{mean(e['train_seconds']):.0f}"] for a, e in s.items() if e["s"]["section"] == "fusion"]), "",
-        *(["Mean SoftMoR weight per step (test images, all tokens; seed mean) and entropy (nats), per block:", "",
-           *md_table(["block", "srvit-R4-token weights", "srvit-R4-query weights", "entropy token / query"],
-                     [[j, *[" ".join(f"{mean(w):.2f}" for w in e["router_weights"][j]) for e in (tok, qry)],
-                       f"{mean(tok['router_entropy'][j]):.2f} / {mean(qry['router_entropy'][j]):.2f}"]
-                      for j in range(len(qry["router_weights"]) if routed else 0)]), ""] * routed),
-        "## 2–4. bViT: deep supervision, solvers and fields, depth; inside and beyond the training horizon", "",
-        "Top-1 (%) when run for 1×, 1.5×, 2×, 3× and 4× the training steps T:", "", *md_table(
+        *([say("router-table"), "", *md_table(
+            ["block", "srvit-R4-token weights", "srvit-R4-query weights", "entropy token / query"],
+            [[j, *[" ".join(f"{mean(w):.2f}" for w in e["router_weights"][j]) for e in (tok, qry)],
+              f"{mean(tok['router_entropy'][j]):.2f} / {mean(qry['router_entropy'][j]):.2f}"]
+             for j in range(len(qry["router_weights"]) if routed else 0)]), ""] * routed),
+        say("bvit-table"), "", *md_table(
             ["arm", "solver", "T", "h", "block evals", "1×", "1.5×", "2×", "3×", "4×", "final train loss"],
             [[a + " (deep supervision every 3)" * bool(e["s"]["extra"]), solver(e), e["horizon"], h(e),
               e["block_evaluations"], *[fmt(e["by_steps"][k]) if k in e["by_steps"] else "–" for k in
                                         e["horizon_steps"]], fmt(e["final_loss"], 3)] for a, e in bvit.items()]), "",
-        *(["Top-1 (%) at every step inside the training horizon (the same trajectory, read out by the shared head "
-           "after each step):", "", *md_table(["arm", "T", *[f"t={t}" for t in range(1, width + 1)]], [
-               [a, e["horizon"], *[fmt(e["by_steps"][str(t)], 1) if t <= e["horizon"] else "" for t in
-                                   range(1, width + 1)]] for a, e in inside.items()]), ""] * bool(inside)),
-        *(["Swapped solvers: the trained weights run with the other solver at the same integration time T·h (`srvit "
-           "eval --solver S --step-size H --steps N` does the same on any checkpoint):", "", *md_table(
-               ["trained arm", "trained solver, h, T", "top-1 own (%)", "evaluated with", "h", "steps", "block evals",
-                "top-1 (%)", "swapped − own (paired by seed)"], swapped), ""] * bool(swapped)),
-        f"State norm (mean L2 norm of a token) after step t, on {runs.PROBE_IMAGES} class-balanced test images (t = "
-        "0: the embedding):", "", *md_table(["arm", *[f"t={t}" for t in (0, 1, 2, 3, 6, 12, 24, 48)]], [
-            [a, *[f"{mean(e['state_norms'][t]):.3g}" if t < len(e["state_norms"]) else "–" for t in
-                  (0, 1, 2, 3, 6, 12, 24, 48)]] for a, e in bvit.items() if "state_norms" in e]), "",
-        f"![bViT: top-1 after every step; state norms](./{rel}/bvit.png)", ""]
+        *([say("inside-table"), "", *md_table(["arm", "T", *[f"t={t}" for t in range(1, width + 1)]], [
+            [a, e["horizon"], *[fmt(e["by_steps"][str(t)], 1) if t <= e["horizon"] else "" for t in
+                                range(1, width + 1)]] for a, e in inside.items()]), ""] * bool(inside)),
+        *([say("swapped-table"), "", *md_table(
+            ["trained arm", "trained solver, h, T", "top-1 own (%)", "evaluated with", "h", "steps", "block evals",
+             "top-1 (%)", "swapped − own (paired by seed)"], swapped), ""] * bool(swapped)),
+        say("norms-table", images=runs.PROBE_IMAGES), "", *md_table(["arm", *[f"t={t}" for t in norms]], [
+            [a, *[f"{mean(e['state_norms'][t]):.3g}" if t < len(e["state_norms"]) else "–" for t in norms]]
+            for a, e in bvit.items() if "state_norms" in e]), "", say("norms-figure"), ""]
 
 
 def figures(folder: Path, s: Summary, picks: Mapping[str, dict], records: Mapping[str, dict], seed: int) -> None:
@@ -515,30 +443,21 @@ def figures(folder: Path, s: Summary, picks: Mapping[str, dict], records: Mappin
 
 def body(page: std.Page) -> list[str]:
     """Below the engine's header: the protocol, the tables, the figures, the reading, the raw results."""
-    seeds, records, docs, rel = page.study.budgets[0].seeds, page.records, page.store.docs, Path(page.study.docs).name
+    seeds, records, docs = page.study.budgets[0].seeds, page.records, page.store.docs
     if len(picks := picks_of(records, seeds[0])) < len(SWEEP_ARMS) or page.missing:
-        return ["Not read yet: the tables and the reading wait for every lr pick and every planned run.", ""]
+        return [say("not-read"), ""]
     s, first = summarise(records, picks, seeds), records[run_id("srvit-R1-last", picks["R1"]["lr"], seeds[0])]
     steps, images = first["settings"]["steps"], first["settings"]["eval_images"]
-    ran = ", ".join(map(str, sorted({r["seed"] for r in records.values()})))  # one seed after a quick sweep
     info = json.loads((docs / "settings.json").read_text())["run_info"] if (docs / "settings.json").is_file() else {}
     hours = sum(r.get("train_seconds", 0) + r.get("eval_seconds", 0) for r in records.values()) / 3600
     if page.draw:
         figures(docs, s, picks, records, seeds[0])
-    return [PROTOCOL.read_text().strip(), "",
-            f"**Budget.** {steps} steps (≈{s['srvit-R1-last']['epochs']:.1f} epochs), seeds "
-            f"{ran}" + (f"; top-1 on an evenly spread, class-balanced {images:,} of the test images" if images
-                        else "") + f". {len(records)} runs, {hours:.2f} "
-            "job-hours of training and evaluation in all (per-run times as measured; a run that overlapped other work "
-            "on the machine counts its slower time)" + (
-                f", so about {hours * 60 / info['jobs']:.0f} minutes of wall time with {info['jobs']} trainings side "
-                f"by side on {info['threads']} thread(s) each, as these runs were trained" if info else "") + ".", "",
-            *tables(s, picks, records, seeds[0], rel), *reading(s, picks, steps), *std.divergence(page),
-            "## Raw results", "", "One result file per run (loss and entropy curves, state norms, router weights, "
-            f"accuracies): [{rel}/runs/](./{rel}/runs/), moved from the study's first layout as [{rel}/migration.json]"
-            f"(./{rel}/migration.json) records; the lr picks and the per-run rows: [{rel}/results.json]"
-            f"(./{rel}/results.json); the console output of the invocations that trained the runs: "
-            f"[{rel}/study.log](./{rel}/study.log).", ""]
+    return [say("protocol"), "", say(
+        "budget", steps=steps, epochs=s["srvit-R1-last"]["epochs"], runs=len(records), hours=hours,
+        seeds=", ".join(map(str, sorted({r["seed"] for r in records.values()}))),  # one seed after a quick sweep
+        images=say("budget-images", images=images) if images else "",
+        wall=say("budget-wall", minutes=hours * 60 / info["jobs"], **info) if info else ""), "",
+        *tables(s, picks, records, seeds[0]), *reading(s, picks, steps), *std.divergence(page), say("raw-results"), ""]
 
 
 def row(record: dict[str, Any]) -> dict[str, Any] | None:

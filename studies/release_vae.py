@@ -1,19 +1,17 @@
 """The bundled CPU tokenizer: its recipe search, release run and bundle -> ``assets/models/loopvae-cnn-tiny``,
 ``docs/study_loopvae/release.md``, shown in ``docs/study_loopvae.md`` (``make recipe-search-vae``, ``release-vae``).
 
-Phases: ``search`` (one-change arms at the base recipe :data:`BASE_RECIPE`, ~6.5 CPU-minutes each, scored by
-validation PSNR at the CPU time every arm reached), ``release`` (``loopvae-cnn-tiny`` at the preset's recipe and
-``flux-vae-tiny`` at the same images seen, evaluated at 256^2 on kodim21-24 and 40 held-out ImageNet images) and
-``bundle`` (latent statistics, both models paired by image, interventions, the bundle and its card). One thread per
-run; validation on 40 images disjoint from training and the reported sets. Options: ``scale=F`` (search), ``steps=N``
-(release; bundles only to ``bundle=DIR``), ``shared=DIR``. ``python studies/release_vae.py card``: the card again.
+Phases: ``search`` (one-change arms at :data:`BASE_RECIPE`, scored by validation PSNR at the CPU time every arm
+reached), ``release`` (``loopvae-cnn-tiny`` and ``flux-vae-tiny`` at the same images seen) and ``bundle`` (latent
+statistics, both models paired by image, interventions, the bundle and its card). Options: ``scale=F`` (search),
+``steps=N`` (release; bundles only to ``bundle=DIR``), ``shared=DIR``. ``python studies/release_vae.py card``: the
+card again. Prose: ``docs/study_loopvae/text.md``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 import subprocess
 import sys
 import time
@@ -22,12 +20,21 @@ from typing import Any
 
 import _loopvae_pages as lp
 import _vae_runs as vr
+import torch
+from _fair import psnr_at  # the search's score, as the fair study's searches read theirs
+from _loopvae_pages import text
 
+import loopdata
+from looprun.checkpoint import sha256_file
+from looprun.release import card_front_matter, release_weights_file
 from looprun.statistics import PairedDifference, paired_difference
 from looprun.study import Arm, Budget, Metric, Phase, PlannedRun, ResultStore, RunContext, Study
 from looprun.study import page as std
 from looprun.study.page import Page
 from looprun.study.tables import md_table
+from loopvae.latent_stats import STATS_FILE
+from loopvae.loading import load_artifact
+from loopvae.train_config import load_train_config
 
 PRESET, COMMAND, DOCS = "release-tiny", "make release-vae", "docs/study_loopvae/release"
 LOOPVAE, REFERENCE, BUNDLE = "loopvae-s0", "flux-vae-tiny-s0", "assets/models/loopvae-cnn-tiny"
@@ -77,8 +84,6 @@ def plan(phase: str) -> Phase:
 
 def run(planned: PlannedRun, context: RunContext) -> dict[str, Any]:
     """Train one search arm or release run (one thread, validation curve), or make the bundle."""
-    from loopvae.train_config import load_train_config
-
     s, data, steps = planned.settings, vr.StudyData(**context.options["data"]), context.options.get("steps")
     if planned.phase == "bundle":
         return bundle_run(context, data, steps)
@@ -104,8 +109,6 @@ def run(planned: PlannedRun, context: RunContext) -> dict[str, Any]:
 
 def write_latent_stats(release: Path, data: str, timings: vr.Timings, limit: int | None = None) -> dict[str, Any]:
     """``loopvae latent-stats`` on ``data`` into ``release`` (once; timed), and what it measured."""
-    from loopvae.latent_stats import STATS_FILE
-
     if not (release / STATS_FILE).is_file():
         start = time.perf_counter()
         subprocess.run([sys.executable, "-m", "loopvae", "latent-stats", "--checkpoint", str(release), "--data", data,
@@ -117,11 +120,6 @@ def write_latent_stats(release: Path, data: str, timings: vr.Timings, limit: int
 
 def latent_moments(release: Path, urls: str) -> dict[str, float]:
     """Mean and s.d. of the normalised posterior samples of ``urls`` at 256^2 (~0 and ~1 when the stats hold)."""
-    import torch
-
-    import loopdata
-    from loopvae.loading import load_artifact
-
     model, gen, values = load_artifact(release).eval(), torch.Generator().manual_seed(0), []
     with torch.no_grad():
         for batch in loopdata.make_loader(urls, task="reconstruction", train=False, batch_size=8, num_workers=0,
@@ -150,9 +148,6 @@ def comparisons(runs: Path) -> dict[str, Any]:
 
 def bundle_run(context: RunContext, data: vr.StudyData, steps: int | None) -> dict[str, Any]:
     """The bundle phase, on the two finished release runs beside this one (``<workdir>/<run id>``)."""
-    from looprun.checkpoint import sha256_file
-    from looprun.release import WEIGHTS_NAME, release_weights_file
-
     runs = context.workdir.parent
     release, timings = runs / LOOPVAE / "release", vr.Timings(runs / "bundle.timings.json")
     vr.keep_freed_memory_mapped()
@@ -165,11 +160,7 @@ def bundle_run(context: RunContext, data: vr.StudyData, steps: int | None) -> di
             "interventions": vr.run_interventions_on(runs / LOOPVAE, images, keys, timings),
             "sha256": sha256_file(release_weights_file(release)), "post_seconds": timings.data["post"]}
     if target := context.options.get("bundle", None if steps is not None else BUNDLE):
-        shutil.rmtree(context.root / target, ignore_errors=True)
-        (context.root / target).mkdir(parents=True)
-        for name in ("config.json", "release.json", "latent_stats.json"):
-            shutil.copy2(release / name, context.root / target / name)
-        shutil.copy2(release_weights_file(release), context.root / target / WEIGHTS_NAME)
+        vr.copy_bundle(release, context.root / target, ("config.json", "release.json", "latent_stats.json"))
         write_card(context.root / target, view({**ResultStore(context.root, DOCS).all(), "bundle": made}))
     return made
 
@@ -195,21 +186,12 @@ def curves(page: Page, budget: str, name: str) -> list[str]:
     return std.curves(sub, x="minutes", y="psnr", xlabel="CPU-minutes of training (1 thread)", name=name)[2:]
 
 
-def psnr_at(points: list[dict[str, Any]], seconds: float) -> float | None:
-    """Validation PSNR linearly interpolated at ``seconds`` of training (``None`` outside the curve)."""
-    for a, b in zip(points, points[1:], strict=False):
-        if a["train_seconds"] <= seconds <= b["train_seconds"]:
-            t = (seconds - a["train_seconds"]) / max(b["train_seconds"] - a["train_seconds"], 1e-9)
-            return a["psnr"] + t * (b["psnr"] - a["psnr"])
-    return None
-
-
 def search_section(page: Page) -> list[str]:
     """The search's table (arms by PSNR at the CPU time every arm reached), its curves and its reading."""
     runs = {r["arm"]: r for r in lp.finished(page, "search").values() if r["curve"]}
     runs = {a.name: runs[a.name] for a in page.study.arms if a.name in runs}  # the spec's order
     if "base" not in runs:
-        return ["## Recipe search for the bundled model (`make recipe-search-vae`)", "", "Not run yet.", ""]
+        return [*text("release-search-missing"), ""]
     seconds = min(r["curve"][-1]["train_seconds"] for r in runs.values())
     at, inv = {n: psnr_at(r["curve"], seconds) for n, r in runs.items()}, lp.invocation(page, "recipe-search", runs)
     how = (f"{inv['runtime_min']:.0f} min wall with {inv['jobs']} runs at a time, one thread each" if inv else
@@ -218,26 +200,15 @@ def search_section(page: Page) -> list[str]:
              f"{r['curve'][-1]['train_seconds'] / 60:.1f}", f"{r['curve'][-1]['psnr']:.2f}",
              "–" if at[n] is None else f"{at[n]:.2f}"]
             for n, r in sorted(runs.items(), key=lambda kv: -(at[kv[0]] or 0))]
-    first, steps = runs["base"], runs["base"]["steps"]
-    return ["## Recipe search for the bundled model (`make recipe-search-vae`)", "",
-            f"Produced by `{inv['command'] if inv else COMMAND}` on {max(r['date'] for r in runs.values())[:10]}; "
-            f"{how}. Every arm starts from the preset `{PRESET}` and changes one thing; data: {first['num_train']} "
-            f"training images, validation on {first['num_validation']} ImageNet-sample images disjoint from training "
-            "and from both reported sets (kodim21-24, the 40 held-out ImageNet images), 256², EMA weights, posterior "
-            "mode, uint8 PSNR. One seed per arm: differences of a few 0.01 dB are within run-to-run noise.", "",
-            f"*at {seconds / 60:.1f} min*: validation PSNR interpolated at the CPU time every arm reached (the fairest "
-            "per-minute comparison); *final*: at the end of the arm's own cosine schedule.", "",
-            *md_table(["arm", "change", "steps × batch × crop", "images seen", "CPU-min", "final PSNR",
-                       "at matched time"], body, "lllrrrr"), "", *curves(page, "search", "search_curves.png"),
-            "### Reading (computed)", "",
-            *[f"- {n}: {at[n] - at['base']:+.2f} dB against base at matched CPU time." for n in runs
-              if n != "base" and at[n] is not None and at["base"] is not None], "",
-            f"Best at matched CPU time: **{max(runs, key=lambda n: at[n] or -1.0)}**.", "",
-            f"Caveats: the EMA's warm-up caps its decay at (1+n)/(10+n) = {(1 + steps) / (10 + steps):.3f} after "
-            f"{steps} steps, so in runs this short every decay above that is the same average (the ema arm differs "
-            "from base only in timing: its EMA decay is untested here). lr2e-3+mse changes two things; it was added "
-            "once both had beaten base. Short-run rankings favour fast learners (a higher learning rate, a loss "
-            "closer to PSNR); the release run's learning curve checks the choice at its own length.", ""]
+    steps = runs["base"]["steps"]
+    return [*text("release-search", command=inv["command"] if inv else COMMAND, how=how, preset=PRESET,
+                  date=max(r["date"] for r in runs.values())[:10], first=runs["base"], minutes=seconds / 60,
+                  curves=curves(page, "search", "search_curves.png"), table=md_table(
+                      ["arm", "change", "steps × batch × crop", "images seen", "CPU-min", "final PSNR",
+                       "at matched time"], body, "lllrrrr"),
+                  gains=[f"- {n}: {at[n] - at['base']:+.2f} dB against base at matched CPU time." for n in runs
+                         if n != "base" and at[n] is not None and at["base"] is not None],
+                  best=max(runs, key=lambda n: at[n] or -1.0), cap=(1 + steps) / (10 + steps), steps=steps), ""]
 
 
 def view(records: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
@@ -260,7 +231,7 @@ def _diff(d: dict[str, Any], unit: str = "dB", digits: int = 2) -> str:
 def release_section(page: Page) -> list[str]:
     """The measured release: table, by-image differences, latent statistics, interventions, learning curves."""
     if (r := view(page.records)) is None:
-        return ["## The bundled model (`make release-vae`)", "", "Not made yet.", ""]
+        return [*text("release-missing"), ""]
     ev, iv = r["eval"], r["interventions"]
     body = [[page.study.arm(a).title, f"{r['params'][n] / 1e6:.3f}M", f"{r['gmacs'][n]:.2f}",
              *[f"{ev[n][s][m]:{f}}" for s in ("kodak", "imagenet") for m, f in (("psnr", ".2f"), ("ssim", ".4f"))]]
@@ -268,47 +239,25 @@ def release_section(page: Page) -> list[str]:
     kb, ib = ev[LOOPVAE]["kodak"]["baseline"], ev[LOOPVAE]["imagenet"]["baseline"]
     body.append([f"bicubic via {kb['low_resolution'][0]}×{kb['low_resolution'][1]}", "0", "–", f"{kb['psnr']:.2f}",
                  f"{kb['ssim']:.4f}", f"{ib['psnr']:.2f}", f"{ib['ssim']:.4f}"])
-    lines = ["## The bundled model: `assets/models/loopvae-cnn-tiny` (`make release-vae`)", "",
-             f"Produced by `{r['command']}` on {r['date']}: `loopvae-cnn-tiny` with the shortcuts, preset "
-             f"`{r['preset']}`, {r['steps']:,} steps × {r['batch_size']} crops of {r['resolution']}² = "
-             f"{r['images_seen']:,} crops seen (≈ {r['images_seen'] / 17_600:.1f}× the LoopVAE study's budget), "
-             f"{r['train_seconds'][LOOPVAE] / 3600:.2f} CPU-hours of optimisation "
-             f"({r['wall_seconds'][LOOPVAE] / 60:.0f} min wall on one core, validation included). The reference "
-             "`flux-vae-tiny` trained with the same recipe "
-             f"on the same images seen: {r['train_seconds'][REFERENCE] / 3600:.2f} CPU-hours "
-             f"({r['wall_seconds'][REFERENCE] / 60:.0f} min wall). Data: {r['num_train']} training images; model "
-             f"selection (the recipe search, the learning curve) used only the {r['num_validation']} validation "
-             "images, disjoint from training and from the reported sets.", "",
-             *md_table(["model", "params", "GMACs @256²", "kodim21–24 PSNR", "SSIM", "held-out ImageNet PSNR",
-                        "SSIM"], body), "",
-             "Paired by image (95% t-interval), one run per model: the intervals cover images, not training runs, so "
-             "they are descriptive and carry no verdict. The seed-level comparison against tuned references is in "
-             "[study_fair.md](study_fair.md).", ""]
+    by_image = []
     for split, label in (("kodak", "kodim21–24"), ("imagenet", f"{r['num_holdout']} held-out ImageNet images")):
         c = r["comparisons"][split]
-        lines.append(f"- {label}: LoopVAE − bicubic {_diff(c['vs_bicubic_psnr'])} (the bar, ≥ +1.0 dB: "
-                     f"{'met' if c['margin_over_bicubic'] >= 1.0 else 'not met'}); LoopVAE − reference PSNR "
-                     f"{_diff(c['vs_reference_psnr'])}; SSIM {_diff(c['vs_reference_ssim'], unit='', digits=4)}.")
-    ls, hl, kl = r["latent_stats"], r["heldout_latents"], r["kodak_latents"]
+        by_image += text("release-by-image", label=label, bicubic=_diff(c["vs_bicubic_psnr"]),
+                         met="met" if c["margin_over_bicubic"] >= 1.0 else "not met",
+                         psnr=_diff(c["vs_reference_psnr"]), ssim=_diff(c["vs_reference_ssim"], unit="", digits=4))
     one = lp.stage(iv, "decoder", "2x")["prefix"][0]
     loss = iv["baseline"]["psnr"] - one["psnr"]
     if page.draw:
         from loopvae.intervene import plot
 
         plot(iv, page.store.docs)
-    return [*lines, f"- Latent normalisation (`loopvae latent-stats`, {ls['num_images']} training images, posterior "
-                    f"{ls['posterior']}s at {ls['resolution']}²): shift_factor {ls['shift_factor']:.4f}, scaling_factor"
-                    f" {ls['scaling_factor']:.4f}; normalised latents of the held-out ImageNet images: mean "
-                    f"{hl['mean']:+.3f}, s.d. {hl['std']:.3f}; of kodim21–24: mean {kl['mean']:+.3f}, s.d. "
-                    f"{kl['std']:.3f} (4 photos of another collection, less varied than the training images).", "",
-            *curves(page, PRESET, "release_curves.png"),
-            f"**Interventions on the bundled model** ({iv['num_images']} images: kodim21–24 + held-out ImageNet; "
-            "float output, clipped / raw PSNR, out-of-range pixels; the last three columns count images):", "",
-            *lp.interventions_table(iv), "",
-            f"- Decoder-finest 1-pass truncation costs {loss:.2f} dB (paper 17.74; our target ≥ 5 dB: "
-            f"{'met' if loss >= 5 else 'not met'}); at one pass {100 * one['out_of_range']:.1f}% of pixels are out of "
-            f"range, raw PSNR {one['raw_psnr']:.2f} dB.", f"- Any-time: {lp.anytime_reading(iv)}", "",
-            "![prefix truncation](release/psnr_vs_passes.png)", ""]
+    return [*text("release", r=r, budgets=r["images_seen"] / 17_600, ls=r["latent_stats"], iv=iv, one=one, loss=loss,
+                  hours=[r["train_seconds"][n] / 3600 for n in (LOOPVAE, REFERENCE)], by_image=by_image,
+                  wall=[r["wall_seconds"][n] / 60 for n in (LOOPVAE, REFERENCE)],
+                  table=md_table(["model", "params", "GMACs @256²", "kodim21–24 PSNR", "SSIM", "held-out ImageNet PSNR",
+                                  "SSIM"], body), curves=curves(page, PRESET, "release_curves.png"),
+                  interventions=lp.interventions_table(iv), loss_met="met" if loss >= 5 else "not met",
+                  one_range=100 * one["out_of_range"], anytime=lp.anytime_reading(iv)), ""]
 
 
 def references_lines(refs: dict[str, Any], release: dict[str, Any] | None) -> list[str]:
@@ -325,23 +274,17 @@ def references_lines(refs: dict[str, Any], release: dict[str, Any] | None) -> li
              *[f"{r['eval'][s]['psnr']:.2f} / {r['eval'][s]['ssim']:.4f}" for s in ("kodak", "imagenet")],
              f"{r['eval']['imagenet']['baseline']['psnr']:.2f}",
              "yes" if r.get("bundled") else "no: " + r.get("refused", "not bundled")] for label, _, r in models]
-    lines = ["## The tuned references bundled next to it (`make release-references`)", "",
-             f"Produced by `{refs['command']}` on {refs['date']}: each reference at the recipe its own search picked "
-             "([study_fair.md](study_fair.md), section 2), for the crops the bundled LoopVAE saw, on the same "
-             "training and validation images; bundled only if it beats bicubic on the held-out images. One training "
-             "run per model: these numbers describe runs and carry no verdict (seeds: [study_fair.md](study_fair.md)).",
-             "", *md_table(["model", "class", "params", "GMACs @256²", "crops seen", "training CPU-hours", "recipe",
-                            "kodim21–24 PSNR / SSIM", "held-out ImageNet PSNR / SSIM", "bicubic (held-out)",
-                            "bundled"], body, "llrrrrlllrl"), "",
-             "Validation PSNR (40 validation images, EMA weights) over the last three evaluations, and what the last "
-             "fifth of the steps added (a run still gaining has not flattened):", ""]
+    ends = []
     for _, label, r in models:
         curve, last = r["curve"][-3:], r["curve"][-1]
         fifth = min(r["curve"], key=lambda p: abs(p["step"] - 0.8 * last["step"]))
-        values, steps = " → ".join(f"{p['psnr']:.2f}" for p in curve), ", ".join(f"{p['step']:,}" for p in curve)
-        lines.append(f"- {label}: {values} dB at steps {steps}; steps {fifth['step']:,} → {last['step']:,}: "
-                     f"{last['psnr'] - fifth['psnr']:+.2f} dB.")
-    return [*lines, ""]
+        ends += text("release-reference-curve", label=label, values=" → ".join(f"{p['psnr']:.2f}" for p in curve),
+                     steps=", ".join(f"{p['step']:,}" for p in curve), fifth=fifth, last=last,
+                     gain=last["psnr"] - fifth["psnr"])
+    return [*text("release-references", refs=refs, curves=ends, table=md_table(
+        ["model", "class", "params", "GMACs @256²", "crops seen", "training CPU-hours", "recipe",
+         "kodim21–24 PSNR / SSIM", "held-out ImageNet PSNR / SSIM", "bicubic (held-out)", "bundled"], body,
+        "llrrrrlllrl")), ""]
 
 
 def references_section(page: Page) -> list[str]:
@@ -353,11 +296,8 @@ def write_card(target: Path, r: dict[str, Any]) -> None:
     """The bundled model's README (``r``: :func:`view`): what it is, how it was made and what it measures, beside the
     tuned references of ``references.json`` (one run each: numbers, no verdict). ``tests/vae/test_bundled_model.py``
     reads its phrases and table."""
-    from looprun.release import card_front_matter
-
-    ev, ls, refs = r["eval"][LOOPVAE], r["latent_stats"], json.loads(REFERENCES_FILE.read_text())["references"]
-    held, hl, kl = f"{r['num_holdout']} held-out ImageNet", r["heldout_latents"], r["kodak_latents"]
-    dec = " → ".join(f"{p['psnr']:.2f}" for p in lp.stage(r["interventions"], "decoder", "2x")["prefix"])
+    ev, refs = r["eval"][LOOPVAE], json.loads(REFERENCES_FILE.read_text())["references"]
+    held = f"{r['num_holdout']} held-out ImageNet"
     sets = (("kodak", "kodim21–24", "kodim21-24 (Kodak)"), ("imagenet", held, f"{held}-sample images"))
     front = card_front_matter("loopvae-cnn-tiny", "diffusers", ["loopvision", "loopvae", "vae", "image-tokenizer"], [
         {"task": "image-to-image", "dataset": f"{name}, 256²", "type": m, "name": m.upper(), "value": ev[s][m]}
@@ -367,39 +307,11 @@ def write_card(target: Path, r: dict[str, Any]) -> None:
     table = md_table(["images", "PSNR", "SSIM", "bicubic (≥ equal values/px)", *heads], [
         [label, f"{ev[s]['psnr']:.2f}", f"{ev[s]['ssim']:.4f}", f"{ev[s]['baseline']['psnr']:.2f}",
          *[f"{v['eval'][s]['psnr']:.2f} / {v['eval'][s]['ssim']:.3f}" for v in refs.values()]] for s, label, _ in sets])
-    text = [front + "# loopvae-cnn-tiny, trained (bundled with loopvision)", "",
-            "A CPU-scale LoopVAE: `loopvae-cnn-tiny` (width 48, K = 2 ConvNeXt adaLN-Zero blocks per branch, passes "
-            "[1, 2, 4] per branch, global sharing, f8 with 16 latent channels) **with the parameter-free shortcuts** "
-            "(`shortcuts: true`, our addition to the paper's architecture; see `loopvae/layers.py`). "
-            f"{r['params'][LOOPVAE]:,} parameters, {r['gmacs'][LOOPVAE]:.2f} GMACs per 256² reconstruction.", "",
-            "## How it was made", "",
-            f"* command: `{COMMAND}` (`studies/release_vae.py`), preset `{PRESET}` (chosen by the recipe search)",
-            f"* data: {r['num_train']} training images (the shared ImageNet sample minus {r['num_holdout']} held-out "
-            f"and {r['num_validation']} validation images, plus kodim01–20 from `assets/kodak`), random 64² crops",
-            f"* {r['steps']:,} steps × {r['batch_size']} crops = {r['images_seen']:,} crops seen; "
-            f"{r['train_seconds'][LOOPVAE] / 3600:.2f} CPU-hours of optimisation on one core "
-            f"({r['wall_seconds'][LOOPVAE] / 60:.0f} min wall including validation); EMA weights "
-            f"({r['ema_decay']}), fp32",
-            f"* kodim21–24 at 256²: PSNR {ev['kodak']['psnr']:.2f} dB, SSIM {ev['kodak']['ssim']:.4f} (bicubic at ≥ "
-            f"equal values per pixel: {ev['kodak']['baseline']['psnr']:.2f} dB); held-out ImageNet: "
-            f"{ev['imagenet']['psnr']:.2f} dB",
-            f"* latent normalisation measured by `loopvae latent-stats` on {ls['num_images']} training images at 256² "
-            f"(posterior samples): `shift_factor` {ls['shift_factor']:.6f}, `scaling_factor` "
-            f"{ls['scaling_factor']:.6f}; on the 40 held-out ImageNet images the normalised latents have mean "
-            f"{hl['mean']:+.3f} and s.d. {hl['std']:.3f}; on kodim21–24 (4 photos of another collection) mean "
-            f"{kl['mean']:+.3f}, s.d. {kl['std']:.3f}", "",
-            "## Measured (256², posterior mode, uint8 outputs; PSNR per image averaged, SSIM Gaussian 11×11 σ = 1.5)",
-            "", *table, "",
-            "The references are the tuned ones bundled next to this model (`make release-references`): each trained "
-            f"at the recipe its own search picked, for the same {r['images_seen']:,} crops on the same images, one run "
-            "per model, so the table describes runs and carries no verdict. The seed-level comparisons are "
-            "`docs/study_fair.md` (LoopVAE against these two families) and `docs/study_sharing.md` (this model tied "
-            "against untied weights, and `dcae-tiny` at a longer budget).", "",
-            f"Decoder finest stage, PSNR with k = 1..4 retained passes (16 images): {dec} dB. Full analysis: "
-            "`docs/study_loopvae.md`.", "", f"`diffusion_pytorch_model.safetensors` sha256: `{r['sha256']}`", "",
-            f"Load: `loopvae.LoopVAE.from_pretrained(\"{BUNDLE}\")`; every `loopvae` command takes the folder as "
-            "`--checkpoint`."]
-    (target / "README.md").write_text("\n".join(text) + "\n")
+    lines = text("card-loopvae", r=r, ev=ev, ls=r["latent_stats"], table=table, command=COMMAND, preset=PRESET,
+                 bundle=BUNDLE, params=r["params"][LOOPVAE], gmacs=r["gmacs"][LOOPVAE],
+                 hours=r["train_seconds"][LOOPVAE] / 3600, wall=r["wall_seconds"][LOOPVAE] / 60, decoder=" → ".join(
+                     f"{p['psnr']:.2f}" for p in lp.stage(r["interventions"], "decoder", "2x")["prefix"]))
+    (target / "README.md").write_text(front + "\n".join(lines) + "\n")
 
 
 STUDY = Study(

@@ -8,6 +8,7 @@ Options: ``shared``, ``data_dir`` (the data split); ``steps``, ``eval_limit`` (s
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import statistics
@@ -18,6 +19,7 @@ from typing import Any
 
 import _vae_runs as vr
 import torch
+from _text import paragraph
 
 from looprun.statistics import paired_difference
 from looprun.study import Arm, Budget, Metric, Phase, PlannedRun, RunContext, Study
@@ -29,6 +31,7 @@ HELD_OUT = ("kodak", "imagenet")  # kodim21-24, then the 40 held-out ImageNet-sa
 WEIGHT_CAP = 1 / 3  # the dominance criterion: <= 1/3 of the reference's weights
 ANYTIME = ([1, 2, 4], [1, 2, 3], [1, 2, 2], [1, 2, 1], [1, 1, 1])  # decoder schedules, full depth first
 ROUNDS, ITERS = 7, 2  # side-by-side timing: alternating rounds of ITERS calls each
+say = functools.partial(paragraph, Path(__file__).resolve().parents[1] / "docs/study_schedule/text.md")  # prose
 
 
 def _arm(name: str, label: str, decoder: list[int] | None, seeds: list[int], *extra: str) -> Arm:
@@ -251,12 +254,8 @@ def null_rows_sentence(rows: dict[str, Any]) -> list[str]:
     counts = (f"{decided(loop)} of {len(loop)} LoopVAE seed pairs" + (
         f" ({decided(pairs)} of {len(pairs)} with the reference's)" if len(pairs) > len(loop) else "")
         if loop else f"{decided(pairs)} of {len(pairs)} seed pairs")
-    return [f"- **By image, one run per model: descriptive.** Two seeds of the *same* configuration, paired by image "
-            f"the same way, give an interval that excludes 0 in {counts}; the largest, {widest['arm']} "
-            f"s{widest['a']} − s{widest['b']}, is {_fmt_diff(widest['diff'], verdict=False)}. A by-image interval "
-            "between two runs covers the images of those runs, not the training noise (the images are "
-            "pseudo-replicates of one run), so the by-image differences on this page are descriptive and carry "
-            "no verdict; verdicts are paired by seed."]
+    return [say("null-rows", counts=counts, arm=widest["arm"], a=widest["a"], b=widest["b"],
+                diff=_fmt_diff(widest["diff"], verdict=False))]
 
 
 def pareto_sentences(rows: dict[str, Any], pareto: list[str]) -> list[str]:
@@ -280,13 +279,10 @@ def pareto_sentences(rows: dict[str, Any], pareto: list[str]) -> list[str]:
             noisy.append(f"{name} off it by {_span([psnr[y] - psnr[name] for y in above])} dB "
                          f"(behind {', '.join(above)})")
     sds = [q[n]["psnr_sd"] for n, r in rows.items() if q[n]["psnr_sd"] is not None and r["encoder_passes"]]
-    noise = (f"; the LoopVAE arms' seed s.d. is {min(sds):.2f}–{max(sds):.2f} dB where an arm has several seeds"
-             if sds else "")
-    return ([f"  - On it by cost alone (no arm is as cheap on both params and GMACs): {', '.join(by_cost)}."]
-            * bool(by_cost) + [f"  - Resolved by seed: {'; '.join(settled)}."] * bool(settled)
-            + [f"  - Decided by mean PSNR alone: {'; '.join(noisy)}. No seed-paired comparison resolves these margins "
-               f"(each is inconclusive{noise}): these Pareto membership differences are within seed noise, so the set "
-               "is not a ranking of the schedules' quality."] * bool(noisy))
+    return ([say("pareto-cost", arms=", ".join(by_cost))] * bool(by_cost)
+            + [say("pareto-seed", items="; ".join(settled))] * bool(settled)
+            + [say("pareto-mean", items="; ".join(noisy), noise=say("pareto-noise", low=min(sds), high=max(sds))
+                   if sds else "")] * bool(noisy))
 
 
 def reading(result: dict[str, Any]) -> list[str]:
@@ -295,30 +291,19 @@ def reading(result: dict[str, Any]) -> list[str]:
     rows, ref, dom, dcae = result["rows"], result["reference"], result["dominance"], result["dcae_tiny_gmacs"]
     winners, two_axis = ([n for n, d in dom.items() if d[k]] for k in ("dominates", "dominates_but_weights"))
     ratios, cheap = [d["weights_ratio"] for d in dom.values()], [n for n, d in dom.items() if d["macs_ok"]]
-    lines = [f"- **Dominance reached**: {', '.join(winners)} store ≤ 1/3 of `{ref}`'s weights, cost ≤ its MACs and "
-             "reconstruct better, paired by seed."] if winners else [
-        f"- **No arm dominates `{ref}` on all three axes as the criterion is written.**",
-        f"  - Weights: 1/3 of the reference is {rows[ref]['params'] * WEIGHT_CAP:,.0f} parameters; every LoopVAE arm "
-        f"stores {min(ratios):.3f}–{max(ratios):.3f}× (lightest: {min(dom, key=lambda n: dom[n]['weights_ratio'])}), "
-        "the tiny model's fixed width and K = 2 blocks, like the paper's 29.07M / 83.82M = 0.347×. Schedules move "
-        "only the per-stage injections and loop embeddings, a few thousand parameters, so no schedule crosses the cap "
-        "by itself.",
-        f"  - On the other two axes: {', '.join(two_axis)} cost ≤ the reference's MACs and reconstruct better paired "
-        f"by seed, at {', '.join(format(dom[n]['weights_ratio'], '.3f') + '×' for n in two_axis)} its weights. That "
-        f"is against `{ref}`, an untuned reference at LoopVAE's recipe, not a verdict on the idea: the tuned "
-        f"`dcae-tiny` ([study_fair.md](study_fair.md)) does {dcae:.2f} GMACs, so against it these arms cost "
-        f"{', '.join(n + ' ' + format(rows[n]['gmacs'] / dcae, '.2f') + '×' for n in two_axis)} its MACs and would "
-        "miss the MAC criterion too." if two_axis else "  - No arm meets even the MACs and PSNR criteria together: " + (
-            f"the arms at ≤ the reference's MACs ({', '.join(cheap)}) do not reconstruct better paired by seed."
-            if cheap else "every arm costs more MACs than the reference.")]
-    lines += [f"  - {n}: weights {d['weights_ratio']:.3f}× ({'ok' if d['weights_ok'] else 'over'}), MACs "
-              f"{d['macs_ratio']:.2f}× ({'ok' if d['macs_ok'] else 'over'}), CPU time {d['time_ratio']:.2f}×, PSNR vs "
-              f"reference by seed {_fmt_diff(rows[n]['vs_reference']['by_seed_psnr'])}, by image "
-              f"{rows[n]['vs_reference']['by_image_psnr']['mean']:+.2f} dB (descriptive)." for n, d in dom.items()]
-    lines += [f"- Pareto set on (params, GMACs, PSNR): {', '.join(result['pareto'])}.",
-              *pareto_sentences(rows, result["pareto"]), *null_rows_sentence(rows)]
-    return lines + [f"- {n} vs paper: {r['gmacs'] / rows['paper']['gmacs']:.2f}× the MACs, PSNR by seed "
-                    f"{_fmt_diff(r['vs_paper']['by_seed_psnr'])}; by image {_by_image(r['vs_paper']['by_image_psnr'])}."
+    lines = [say("dominance", arms=", ".join(winners), reference=ref)] if winners else [
+        say("no-dominance", reference=ref, cap=rows[ref]["params"] * WEIGHT_CAP, low=min(ratios), high=max(ratios),
+            lightest=min(dom, key=lambda n: dom[n]["weights_ratio"])),
+        say("two-axes", arms=", ".join(two_axis), reference=ref, dcae=dcae,
+            weights=", ".join(format(dom[n]["weights_ratio"], ".3f") + "×" for n in two_axis),
+            macs=", ".join(n + " " + format(rows[n]["gmacs"] / dcae, ".2f") + "×" for n in two_axis)) if two_axis
+        else say("no-two-axes", why=say("cheap-not-better", arms=", ".join(cheap)) if cheap else say("none-cheap"))]
+    lines += [say("criteria", arm=n, **d, weights="ok" if d["weights_ok"] else "over", macs="ok" if d["macs_ok"]
+                  else "over", by_seed=_fmt_diff(rows[n]["vs_reference"]["by_seed_psnr"])) for n, d in dom.items()]
+    lines += [say("pareto", arms=", ".join(result["pareto"])), *pareto_sentences(rows, result["pareto"]),
+              *null_rows_sentence(rows)]
+    return lines + [say("vs-paper", arm=n, macs=r["gmacs"] / rows["paper"]["gmacs"], by_image=_by_image(
+        r["vs_paper"]["by_image_psnr"]), by_seed=_fmt_diff(r["vs_paper"]["by_seed_psnr"]))
                     for n, r in rows.items() if "vs_paper" in r]
 
 
@@ -329,23 +314,19 @@ def anytime_lines(result: dict[str, Any]) -> list[str]:
     for name, rows in result["anytime"].items():
         psnrs, full = [r["psnr"] for r in rows], rows[0]  # full schedule first, then fewer passes
         cut = next(r for r in rows if r["decoder_passes"] == [1, 2, 1])
-        rising = "rises" if all(a > b for a, b in zip(psnrs, psnrs[1:])) else "does not rise"
-        lines.append(f"- {name} (one trained model): quality {rising} monotonically with retained passes "
-                     f"({' ← '.join(f'{p:.2f}' for p in psnrs)} dB, full schedule first); the early exit [1, 2, 1] "
-                     f"changes PSNR by {cut['psnr'] - full['psnr']:+.2f} dB (by image "
-                     f"{_by_image(paired_difference(cut['per_image_psnr'], full['per_image_psnr']).as_dict())}) for "
-                     f"{cut['decode_gmacs'] / full['decode_gmacs']:.2f}× the decode MACs and "
-                     f"{cut['decode_ms']['median'] / full['decode_ms']['median']:.2f}× the decode time.")
+        lines.append(say("anytime-model", model=name, psnrs=" ← ".join(f"{p:.2f}" for p in psnrs),
+                         rising="rises" if all(a > b for a, b in zip(psnrs, psnrs[1:])) else "does not rise",
+                         change=cut["psnr"] - full["psnr"], macs=cut["decode_gmacs"] / full["decode_gmacs"],
+                         time=cut["decode_ms"]["median"] / full["decode_ms"]["median"], by_image=_by_image(
+                             paired_difference(cut["per_image_psnr"], full["per_image_psnr"]).as_dict())))
     lines += trained_at_exit_lines(result)
     if (ds := result["rows"].get("paper-ds")) is None:
         return lines
     paper = result["rows"]["paper"]
     spread = [abs(p["diff"]["mean"]) for p in same_configuration_pairs({"paper": paper})]
-    return lines + [
-        f"- What deep supervision costs at full depth (paper-ds vs paper, seed 0 vs the paper seeds' mean, by image): "
-        f"{_by_image(ds['vs_paper']['by_image_psnr'])}, from {len(ds['seeds'])} deep-supervised seed"
-        + (f"; two seeds of the plain paper schedule differ by image by up to {max(spread):.2f} dB" if spread else "")
-        + f"; training time {ds['train_seconds'] / paper['train_seconds']:.2f}× the plain run's."]
+    return lines + [say("deep-supervision", diff=_by_image(ds["vs_paper"]["by_image_psnr"]), seeds=len(ds["seeds"]),
+                        spread=say("deep-supervision-spread", spread=max(spread)) if spread else "",
+                        time=ds["train_seconds"] / paper["train_seconds"])]
 
 
 def trained_at_exit_lines(result: dict[str, Any]) -> list[str]:
@@ -358,17 +339,11 @@ def trained_at_exit_lines(result: dict[str, Any]) -> list[str]:
                  if list(x["decoder_passes"]) == schedule}
         seeds = [s["psnr"] for s in q["seeds"].values()]
         below, sd = [n for n, x in exits.items() if x["psnr"] < min(seeds)], q["psnr_sd"]
-        lines += [f"- Trained at {schedule} instead of stopped there: {arm} ({len(seeds)} seed{'s' * (len(seeds) > 1)}"
-                  f"{'' if sd is None else f', s.d. {sd:.2f}'}) reaches {q['psnr']:.2f} dB with the same decoder "
-                  f"schedule, so the same decode arithmetic; the early exits at {schedule} reach "
-                  + ", ".join(f"{n} {x['psnr']:.2f} dB ({x['psnr'] - q['psnr']:+.2f})" for n, x in exits.items())
-                  + (f". Every early exit at {schedule} scores below every seed of the model trained at it (each exit "
-                     "is one trained model, so no seed-paired interval): at this cost a model trained at the cheap "
-                     "schedule scores higher than a deeper one stopped early, and any-time decoding buys a choice of "
-                     "depth at run time, not quality at a given depth." if len(below) == len(exits) else
-                     f". Below every seed of the model trained at {schedule}: {', '.join(below) or 'none'}; the "
-                     "others fall within its seeds' range (each exit is one trained model, so no seed-paired "
-                     "interval).")] * bool(exits)
+        lines += [say("trained-at-exit", schedule=schedule, arm=arm, psnr=q["psnr"], seeds=f"{len(seeds)} seed"
+                      + "s" * (len(seeds) > 1) + ("" if sd is None else f", s.d. {sd:.2f}"), exits=", ".join(
+                          f"{n} {x['psnr']:.2f} dB ({x['psnr'] - q['psnr']:+.2f})" for n, x in exits.items()),
+                      verdict=say("exits-all-below" if len(below) == len(exits) else "exits-some-below",
+                                  schedule=schedule, below=", ".join(below) or "none"))] * bool(exits)
     return lines
 
 
@@ -411,8 +386,8 @@ def arms_section(page: Any, res: dict[str, Any]) -> list[str]:
     """The setup and its cost, the statistics, the arms table, the frontier plot and the dominance reading."""
     m, rows, t = res["measure"], res["rows"], res["measure"]["timings"]
     wall = sum(r.get("run_wall_seconds", 0) for r in page.records.values() if r.get("phase") == "main")
-    took = (f"{t['train_wall'] / 60:.0f} min of two-job training, evaluation and interventions" if "train_wall" in t
-            else f"{wall / 60:.0f} min of training, evaluation and interventions (summed over the runs)")
+    took = say("took-jobs", minutes=t["train_wall"] / 60) if "train_wall" in t else say("took-summed",
+                                                                                      minutes=wall / 60)
     body = [[n, "–" if r["encoder_passes"] is None else f"{r['encoder_passes']} / {r['decoder_passes']}",
              len(r["seeds"]), f"{r['params']:,}", f"{r['gmacs']:.2f}", f"{r['cpu_ms']['median']:.0f}",
              f"{q['psnr']:.2f} ({'–' if q['psnr_sd'] is None else format(q['psnr_sd'], '.2f')})",
@@ -426,31 +401,11 @@ def arms_section(page: Any, res: dict[str, Any]) -> list[str]:
                        "ms_per_image": r["cpu_ms"]["median"]} for n, r in rows.items()],
                      page.store.docs / "frontier.png")
     bicubic = statistics.fmean(s["bicubic_psnr"] for s in rows["paper"]["quality"]["seeds"].values())
-    return [
-        f"Measured on {m['date'][:10]}: {took}, {sum(t['post'].values()) / 60:.0f} min of measurement. Every arm "
-        "trains the bundled model's recipe (preset `release-tiny`: `loopvae-cnn-tiny` with the shortcuts, lr 2e-3, "
-        f"L1 + 10 MSE, 8 crops of 64², EMA 0.999) for {STEPS:,} steps (the same {STEPS * 8:,} crops seen; "
-        f"{STEPS / m['release_steps']:.0%} of the release run) and changes only the pass schedule; the reference "
-        f"`{REFERENCE}` trains the same recipe. Evaluation: {m['num_images']} held-out images at 256² (kodim21–24 "
-        "and the 40 held-out ImageNet-sample images), EMA weights, posterior mode, uint8 PSNR per image; SSIM "
-        "Gaussian 11×11, σ 1.5.", "",
-        "Statistics: *by seed* pairs each arm's seed with the same seed of the other arm (pooled PSNR over the "
-        "held-out images), 95% t-interval with df = seeds − 1; *by image* pairs the held-out images, each arm "
-        "averaged over its seeds. Verdicts: better / worse / inconclusive (never \"equal\"), by seed only: the seed "
-        "is the unit of every verdict. A by-image interval covers the images of single runs (one run per model for "
-        "a one-seed arm), not the training noise, so it is descriptive and carries no verdict word. No comparison "
-        "was written down before the runs and none is corrected for multiplicity, so every verdict on this page is "
-        f"exploratory. The reference is `{REFERENCE}` trained at LoopVAE's recipe at an untuned shape (2 channels "
-        "per GroupNorm group) with one seed far below the others, so the Δ column measures the schedules against "
-        "that baseline only; LoopVAE against references tuned on their own terms, seed-level with pre-registered, "
-        "Holm-corrected comparisons, is [study_fair.md](study_fair.md). Encoder passes are fine → coarse (2x, 4x, "
-        "8x), decoder passes coarse → fine (8x, 4x, 2x).", "", "## The arms", "",
-        *md_table(["arm", "passes enc / dec", "seeds", "params", "GMACs", "CPU ms/img", "PSNR (sd)", "PSNR kodak",
-                   "PSNR ImageNet", "SSIM", "Δ vs reference by seed"], body, "llrrrrrrrrl"), "",
-        f"Bicubic at ≥ the latent's values per pixel on the same images: {bicubic:.2f} dB. CPU ms: median over "
-        f"{ROUNDS} alternating rounds of encode → mode → decode at 256², batch 1, 2 threads, all arms timed side by "
-        "side in one process.", "", "![frontier](study_schedule/frontier.png)", "",
-        "## Dominance and the frontier (computed)", "", *reading(res), ""]
+    return [say("setup", date=m["date"][:10], took=took, measuring=sum(t["post"].values()) / 60, steps=STEPS,
+                crops=STEPS * 8, fraction=STEPS / m["release_steps"], reference=REFERENCE, images=m["num_images"]), "",
+            *md_table(["arm", "passes enc / dec", "seeds", "params", "GMACs", "CPU ms/img", "PSNR (sd)", "PSNR kodak",
+                       "PSNR ImageNet", "SSIM", "Δ vs reference by seed"], body, "llrrrrrrrrl"), "",
+            say("frontier", bicubic=bicubic, rounds=ROUNDS), "", *reading(res), ""]
 
 
 def anytime_section(page: Any, res: dict[str, Any]) -> list[str]:
@@ -476,13 +431,9 @@ def anytime_section(page: Any, res: dict[str, Any]) -> list[str]:
         fig.tight_layout()
         fig.savefig(page.store.docs / "anytime.png", dpi=120)
         plt.close(fig)
-    return ["## Any-time decoding: `LoopVAE.decode(z, decoder_passes=[...])`", "",
-            "The decoder runs only the first k passes of each stage (coarse → fine), validated against the trained "
-            "schedule; measured on the paper-schedule models of this study (seed 0, with and without deep "
-            "supervision) and on the bundled model over the held-out images, decode alone timed side by side at "
-            "256², batch 1.", "", *md_table(["model", "decoder passes", "decode GMACs",
-                                              "decode CPU ms (median [min, max])", "held-out PSNR"], body, "llrrr"),
-            "", *anytime_lines(res), "", "![any-time decoding](study_schedule/anytime.png)", ""]
+    return [say("anytime"), "", *md_table(["model", "decoder passes", "decode GMACs",
+                                           "decode CPU ms (median [min, max])", "held-out PSNR"], body, "llrrr"),
+            "", *anytime_lines(res), "", say("anytime-figure"), ""]
 
 
 def intervention_row(arm: str, s: list[dict[str, Any]]) -> list[Any]:
@@ -500,30 +451,21 @@ def intervention_row(arm: str, s: list[dict[str, Any]]) -> list[Any]:
 def interventions_section(page: Any, res: dict[str, Any]) -> list[str]:
     summaries = {arm: [page.records[i]["interventions"] for i in ids if "interventions" in page.records[i]]
                  for arm, ids in res["measure"]["settings"]["arms"].items()}
-    return ["## Interventions per arm (16 images; seeds averaged where several)", "", *md_table(
+    return [say("interventions"), "", *md_table(
         ["arm", "seeds", "decoder-2x PSNR with k = 1.. passes", "raw PSNR, 1 pass", "out of range, 1 pass",
          "images rising at every finest pass", "images hurt by every bypass", "worst bypass (last pass?)"],
-        [intervention_row(a, s) for a, s in summaries.items() if s], "lrlrrrrl"), "",
-            "Per-image columns list one count per seed.", ""]
+        [intervention_row(a, s) for a, s in summaries.items() if s], "lrlrrrrl"), "", say("interventions-note"), ""]
 
 
 def budget_section(page: Any, res: dict[str, Any]) -> list[str]:
     """What a fifth of the release budget and the tiny model can say (the release run's curve: its last quarter)."""
-    m, paper, ref = res["measure"], res["rows"]["paper"], res["rows"][REFERENCE]
-    curve, frac = m["release_curve"], f"{STEPS / m['release_steps']:.0%}"
+    m, paper, ref, curve = res["measure"], res["rows"]["paper"], res["rows"][REFERENCE], res["measure"]["release_curve"]
     last = curve[-1] if curve else {"step": 0}
     earlier = min(curve, key=lambda p: abs(p["step"] - 0.75 * last["step"]), default=None)
-    trend = (f"The release run's validation PSNR went {earlier['psnr']:.2f} → {last['psnr']:.2f} dB from step "
-             f"{earlier['step']:,} to {last['step']:,} (docs/study_loopvae.md)." if len(curve) > 1
-             else "(The release run's learning curve was not found.)")
-    return ["## What this budget can and cannot say", "",
-            f"- {STEPS:,} steps are {frac} of the bundled model's {m['release_steps']:,}: the schedules are ranked "
-            f"early in training, when a cheaper schedule may still be catching up or already saturated. {trend}",
-            f"- The tiny model (width 48, K = 2) is not the paper's 29M model; its weight ratio to the reference "
-            f"({paper['params'] / ref['params']:.3f}×) is close to the paper's 0.347×, its MAC ratio "
-            f"({paper['gmacs'] / ref['gmacs']:.2f}× for the paper schedule) is below the paper's 1.57×.",
-            "- No GPU was lent to this session, so the full-size (`loopvae-cnn-f8d16`) schedule timings in bf16 are "
-            "not measured; `make bench-gpu` holds the protocol.", ""]
+    trend = say("release-trend", first=earlier["psnr"], last=last["psnr"], first_step=earlier["step"],
+                last_step=last["step"]) if len(curve) > 1 else say("release-trend-missing")
+    return [say("budget", steps=STEPS, fraction=STEPS / m["release_steps"], release_steps=m["release_steps"],
+                trend=trend, weights=paper["params"] / ref["params"], macs=paper["gmacs"] / ref["gmacs"]), ""]
 
 
 def row(record: dict[str, Any]) -> dict[str, Any] | None:

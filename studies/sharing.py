@@ -126,7 +126,8 @@ def row(r: dict[str, Any]) -> dict[str, Any] | None:
     if r.get("phase") != "main" or r["status"] != "finished":
         return None
     images, ev = r["evaluation"]["imagenet"], r["evaluation"]
-    return {"arm": r["arm"], "budget": str(r["steps"]), "seed": r["seed"], "name": r["name"],
+    # the earlier driver's records carry no budget: their step count is its name
+    return {"arm": r["arm"], "budget": r.get("budget", str(r["steps"])), "seed": r["seed"], "name": r["name"],
             "psnr": statistics.fmean(i["psnr"] for i in images), "ssim": statistics.fmean(i["ssim"] for i in images),
             "kodak_psnr": statistics.fmean(i["psnr"] for i in ev["kodak"]), "train_seconds": r["train_seconds"],
             "cpu_ms_per_image": 1000 * r["train_seconds"] / (r["steps"] * 8), "params": ev["arch"]["params"],

@@ -110,7 +110,7 @@ def run_study(study: Study, executor: Any, *, docs_root: Path, code_root: Path |
             tasks = [{"study_file": str(study.source), "run": p.as_dict(), **where, "options": options,
                       "preregistration_sha256": digest, "executor": executor.name} for p in todo]
             log(f"{study.name} {phase.name}: {len(todo)} run(s) to go on {executor.name} "
-                f"({len(planned) - len(todo)} of {len(planned)} have a result file)")
+                f"({sum(p.id in records for p in planned)} of {len(planned)} have a result file)")
 
             def done(task: dict[str, Any], outcome: str) -> None:
                 counts["ran"] += 1
