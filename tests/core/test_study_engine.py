@@ -185,3 +185,13 @@ def test_primaries_wait_for_the_whole_family_and_divergence_uses_the_rule(repo: 
     flagged = divergent_seeds(values, study.rules)
     assert [(f["group"], f["seed"]) for f in flagged] == [("a@40", 2)]
     assert flagged[0]["threshold"] == pytest.approx(1.0)  # max(floor 0.5, 5 x b's spread 0.2)
+
+
+def test_the_study_command_reports_errors_in_one_line_and_imports_no_torch(repo: Path) -> None:
+    code = ("import sys; from loopvae.cli import main; rc = main(['study', '--list', '--root', sys.argv[1]]); "
+            "print('torch' in sys.modules, rc)")
+    listed = subprocess.run([sys.executable, "-c", code, str(repo)], capture_output=True, text=True, timeout=120)
+    assert listed.stdout.split() == ["tiny", "False", "0"], listed.stdout + listed.stderr
+    missing = _study(repo.parent / "nowhere")
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr
+    assert missing.stderr.startswith("loopvae study: error: no study 'tiny'")

@@ -1,8 +1,8 @@
 """The failures a ``loopvae`` / ``srvit`` command reports in one line (exit status 2) instead of a traceback.
 
 Expected failures are wrong input (files, keys, values), damaged data or checkpoints, an occupied run
-folder, a full disk and a study run that would break its pre-registration; each error's message already
-names the file, key or value and what to do.
+folder and a full disk; each error's message already names the file, key or value and what to do
+(``loopvae study`` reports its own, looprun.study.cli).
 Anything else is a bug and keeps its traceback.
 """
 
@@ -20,12 +20,11 @@ from .cli_args import non_negative_int, positive_int  # noqa: F401 (re-exported:
 from .config import ConfigError
 from .distributed import RemoteRankError
 from .run_lock import RunLockedError
-from .study.store import RegistrationError
 
 EXPECTED_ERRORS: tuple[type[BaseException], ...] = (
     ConfigError, FileNotFoundError, FileExistsError, NotADirectoryError, PermissionError, ValueError, KeyError,
     json.JSONDecodeError, CorruptCheckpointError, CheckpointSaveError, OutputWriteError, RunLockedError,
-    RemoteRankError, RegistrationError,
+    RemoteRankError,
     loopdata.CorruptSampleError, loopdata.ShardReadError, loopdata.ShardCountError, loopdata.NoUsableSamplesError,
 )
 

@@ -422,9 +422,9 @@ def _add_study(sub: argparse._SubParsersAction) -> None:
 
 
 def _study(args: argparse.Namespace) -> int:
-    from looprun.study.cli import run
+    from looprun.study.cli import main as study_main
 
-    return run(args)
+    return study_main(args)
 
 
 COMMANDS = {"train": _train, "eval": _eval, "intervene": _intervene, "latent-stats": _latent_stats,
@@ -454,6 +454,8 @@ def main(argv: list[str] | None = None) -> int:
         except RunLockedError as err:
             print(f"loopvae encode: error: {err}", file=sys.stderr)
             return 2
+    if args.command == "study":  # its own one-line errors, without run_command's torch-heavy imports
+        return _study(args)
     from looprun.cli_errors import run_command
     from looprun.speed import apply_speed_arguments
 

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -83,3 +84,17 @@ def run(args: argparse.Namespace) -> int:
         prims = ", ".join(f"{p['id']} {p['verdict']}" for p in results["primaries"]) or "primaries not read yet"
         print(f"{study.page}: {len(results['runs'])} run(s); {prims}")
     return 0
+
+
+def main(args: argparse.Namespace, prog: str = "loopvae study") -> int:
+    """:func:`run` with the expected failures (a refused registration, a missing spec or file, a bad value) as
+    one line and exit status 2. It does not go through ``looprun.cli_errors``, whose imports (torch) would cost
+    a study command seconds before it does anything; the runs themselves execute in their own processes."""
+    from looprun.study.store import RegistrationError
+
+    try:
+        return run(args)
+    except (RegistrationError, FileNotFoundError, ValueError, KeyError, LookupError, TypeError) as err:
+        message = " ".join(str(err).split()) or type(err).__name__
+        print(f"{prog}: error: {message}", file=sys.stderr)
+        return 2
