@@ -187,14 +187,14 @@ def null_rows_section(page: Page) -> list[str]:
     rows = null_rows(page.rows, page.study.metric.name)
     if not rows:
         return []
-    called = [r for r in rows if r["verdict"] != "inconclusive"]
+    excludes = [r for r in rows if r["verdict"] != "inconclusive"]
     body = [[r["group"], f"{r['seeds'][0]} − {r['seeds'][1]}", r["n"], signed(r["diff"]), interval(r["ci"]),
-             r["verdict"]] for r in rows]
+             "yes" if r in excludes else "no"] for r in rows]
     return ["## Null rows: two seeds of one arm, compared image by image", "",
-            f"{len(called)} of {len(rows)} distinct seed pairs get a per-image verdict other than *inconclusive*: "
-            "per-image intervals from one run describe that run, they do not test the arm.", "",
-            *md_table(["group", "seeds", "images", "difference", "95% per-image interval", "per-image verdict"],
-                      body), ""]
+            f"For {len(excludes)} of {len(rows)} distinct seed pairs the per-image 95% interval excludes 0, although "
+            "the two runs differ only in their seed: per-image intervals from one run describe that run, they "
+            "do not test the arm (descriptive; no verdict is read from them).", "",
+            *md_table(["group", "seeds", "images", "difference", "95% per-image interval", "excludes 0"], body), ""]
 
 
 def divergence(page: Page) -> list[str]:
