@@ -116,13 +116,13 @@ release-vae: setup
 	$(BIN)/loopvae study release-vae --phase release bundle --jobs 2
 	$(MAKE) release-references
 
-# The tuned references alone (assets/models/<AutoencoderKL pick>, assets/models/dcae-tiny): each at its own search's
-# recipe (docs/study_fair.md), the bundled LoopVAE's images seen; ~45 min on 2 cores; refuses to bundle a reference
-# that does not beat bicubic on the held-out images (its numbers stay in docs/study_loopvae/references.json and the
-# page, and the target fails) -> docs/study_loopvae/references.json, then re-renders docs/study_loopvae.md and
-# docs/study_fair.md (its section 5).
+# The tuned references alone (phase references of studies/release_vae.py): assets/models/<AutoencoderKL pick> and
+# assets/models/dcae-tiny, each at its own search's recipe (docs/study_fair.md), the bundled LoopVAE's images seen;
+# ~45 min on 2 cores; a reference that does not beat bicubic on the held-out images is not bundled (its numbers stay
+# in docs/study_loopvae/release/runs/<model>-s0.json with status "refused", and on the page) and the target fails;
+# then re-renders docs/study_loopvae.md and docs/study_fair.md (its section 5).
 release-references: setup
-	$(BIN)/python studies/_release_references.py; status=$$?; \
+	$(BIN)/loopvae study release-vae --phase references --jobs 2 --no-render; status=$$?; \
 		$(MAKE) study-vae-report study-fair-report && exit $$status
 
 # GPU release, step 1 (here): the compact training shard + held-out shard in gpu-data/ (git-ignored via

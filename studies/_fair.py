@@ -1,6 +1,7 @@
 """The fair study's arms, recipe searches, picks and main-run plan, read from its result files (used by ``fair.py``,
-``_release_references.py`` and the sharing study). Groups are ``family@img`` (equal images) and ``family@cpu`` (equal
-CPU-seconds); a primary inconclusive at seeds 0-2 extends its two groups to seeds 3 and 4, once (pre-registered).
+``release_vae.py``'s references phase and the sharing study). Groups are ``family@img`` (equal images) and
+``family@cpu`` (equal CPU-seconds); a primary inconclusive at seeds 0-2 extends its two groups to seeds 3 and 4, once
+(pre-registered).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """What the LoopVAE studies, the bundled model's release and its cards share: their prose (``docs/study_loopvae/
 text.md``, filled by :func:`fill`), the reading of an intervention result (``loopvae intervene``), a sub-study's page
-inside another's, and the facts of the invocation that made the migrated result files (``migration.json``)."""
+inside another's, the facts of the invocation that made the migrated result files (``migration.json``) and the
+tuned references released beside the bundled LoopVAE (:func:`references`)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 
 from _text import section
 
-from looprun.study import Study
+from looprun.study import ResultStore, Study
 from looprun.study.page import Page, build_page
 from looprun.study.tables import md_table
 
@@ -19,6 +20,8 @@ from looprun.study.tables import md_table
 # less than the margin against full depth. Both are stated wherever they decide a sentence.
 PASS_GAIN_DB, EXIT_MARGIN_DB = 0.05, 1.0
 TEXT = Path(__file__).resolve().parents[1] / "docs/study_loopvae/text.md"  # the LoopVAE pages' and cards' prose
+RELEASE_DOCS = "docs/study_loopvae/release"  # the release's result files (studies/release_vae.py)
+REFERENCE_FAMILIES = ("klvae", "dcae")  # the tuned references it releases, in the order the pages list them
 
 
 def fill(path: Path, name: str, /, **values: Any) -> list[str]:
@@ -114,6 +117,13 @@ def invocation(page: Page, key: str, runs: dict[str, dict[str, Any]]) -> dict[st
     path = page.store.root / "docs/study_loopvae/invocations.json"
     ok = runs and path.is_file() and all(r.get("migrated_from") for r in runs.values())
     return json.loads(path.read_text())[key] if ok else None
+
+
+def references(root: Path) -> dict[str, dict[str, Any]]:
+    """The measured tuned references (``release_vae.py``'s phase ``references``) under the repository ``root`` by
+    model name, AutoencoderKL first: bundled or refused; a run whose training failed (no evaluation) is left out."""
+    runs = [r for r in ResultStore(root, RELEASE_DOCS).all().values() if r.get("phase") == "references" and "eval" in r]
+    return {r["model"]: r for r in sorted(runs, key=lambda r: REFERENCE_FAMILIES.index(r["family"]))}
 
 
 def included(study: Study, page: Page) -> list[str]:

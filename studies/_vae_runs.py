@@ -1,5 +1,5 @@
-"""The LoopVAE studies' shared machinery: their data split, ``loopvae train`` runs in parallel subprocesses, and
-the measurements every LoopVAE study takes (evaluation, interventions, parameters / MACs, training throughput).
+"""The LoopVAE studies' shared machinery: their data split, one ``loopvae train`` run as the study engine runs it,
+and the measurements every LoopVAE study takes (evaluation, interventions, parameters / MACs, training throughput).
 
 Data: the shared ImageNet sample (800 images, one per class, ``../shared/data/imagenet-sample``) is split by
 sorted key: every ``holdout_every``-th image is held out of training (40 of 800 by default) and evaluated at
@@ -16,8 +16,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -91,39 +90,17 @@ def release_data(shared: str | None, out: Path, purpose: str) -> StudyData:
     return prepare_study_data(root, out, validation_offset=RELEASE_VALIDATION_OFFSET)
 
 
-@dataclass
-class Arm:
-    """One training run: ``name``, the arm it belongs to, and its ``--set`` overrides on the preset."""
-
-    name: str
-    group: str
-    overrides: list[str] = field(default_factory=list)
-
-    @property
-    def seed(self) -> int:
-        return int(self.name.rsplit("-s", 1)[1])
-
-
 class Timings:
-    """Wall seconds of every phase, kept in ``runs/timings.json`` so a rerun that reuses finished work
-    still reports what that work cost: ``train_wall`` (summed over invocations that trained), ``train``
-    per run, and ``post`` per measured item (throughput, each evaluation, each intervention set). Training
-    times are saved every few seconds, so a killed invocation's work stays counted when a rerun resumes it; an
-    ``interrupted`` entry (a ``note`` added by hand after such a kill) is quoted in the report."""
+    """Wall seconds of each measurement after training (``post``: throughput, each evaluation, each intervention
+    set), kept in a JSON file so that a rerun that reuses finished work still reports what that work cost."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.data = json.loads(path.read_text()) if path.is_file() else {"train_wall": 0.0, "train": {}, "post": {}}
+        self.data = json.loads(path.read_text()) if path.is_file() else {"post": {}}
 
     def record(self, section: str, key: str, seconds: float) -> None:
         self.data[section][key] = round(seconds, 1)
-        self.save()
-
-    def save(self) -> None:
         self.path.write_text(json.dumps(self.data, indent=2))
-
-    def total(self) -> float:
-        return self.data["train_wall"] + sum(self.data["post"].values())
 
 
 # -- training --------------------------------------------------------------------------------------
@@ -134,57 +111,6 @@ def run_finished(run: Path) -> bool:
         return False
     data = json.loads(summary.read_text())
     return data["stopped_by"] is None and data["step"] == data["total_steps"] and (run / "release").is_dir()
-
-
-def train_arms(selected: list[Arm], data: StudyData, runs: Path, jobs: int, threads: int, timings: Timings,
-               preset: str, extra_args: tuple[str, ...] = (),
-               on_done: Callable[[Arm, int], None] | None = None) -> None:
-    """Train every unfinished arm, ``jobs`` at a time (``threads`` each), recording wall seconds.
-
-    ``preset`` is the recipe every arm starts from; ``extra_args`` go to every ``loopvae train`` (e.g.
-    ``--val-data``). Without ``on_done`` a failed run stops everything; with it, ``on_done(arm, exit_code)`` is
-    called as each run ends (0: finished) and a failed run (e.g. a diverged one) is recorded, not fatal."""
-    pending = [a for a in selected if not run_finished(runs / a.name)]
-    if not pending:
-        return
-    started, wall_before = time.perf_counter(), timings.data["train_wall"]
-    running: list[tuple[Arm, subprocess.Popen, float, Any]] = []
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    while pending or running:
-        while pending and len(running) < jobs:
-            arm = pending.pop(0)
-            log = open(runs / f"{arm.name}.log", "w")  # noqa: SIM115 (closed when the run ends)
-            cmd = [sys.executable, "-m", "loopvae", "train", "--config", preset, "--data", data.train,
-                   "--out", str(runs / arm.name), *extra_args, "--set", "progress_bar=false", *arm.overrides]
-            print(f"train {arm.name}: {' '.join(cmd[1:])}", flush=True)
-            # A run with checkpoints resumes: its earlier invocations' seconds stay counted.
-            earlier = timings.data["train"].get(arm.name, 0.0) if (runs / arm.name / "checkpoints").is_dir() else 0.0
-            running.append((arm, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env),
-                            time.perf_counter() - earlier, log))
-        time.sleep(5)
-        # Saved every poll, so an invocation that is killed still leaves what its training cost.
-        timings.data["train_wall"] = wall_before + time.perf_counter() - started
-        for item in list(running):
-            arm, proc, start, log = item
-            timings.data["train"][arm.name] = round(time.perf_counter() - start, 1)
-            if proc.poll() is None:
-                continue
-            log.close()
-            running.remove(item)
-            failed = proc.returncode != 0 or not run_finished(runs / arm.name)
-            if on_done is not None:
-                timings.record("train", arm.name, time.perf_counter() - start)
-                on_done(arm, proc.returncode if failed and proc.returncode else (1 if failed else 0))
-                continue
-            if failed:
-                for _, other, _, _ in running:
-                    other.terminate()
-                sys.exit(f"{arm.name}: training failed (exit {proc.returncode}); see {runs / arm.name}.log")
-            timings.record("train", arm.name, time.perf_counter() - start)
-            print(f"  {arm.name} done in {time.perf_counter() - start:.0f} s", flush=True)
-        timings.save()
-    timings.data["train_wall"] = wall_before + time.perf_counter() - started
-    timings.save()
 
 
 def keep_freed_memory_mapped() -> None:

@@ -19,7 +19,7 @@ import _fair as sf
 import numpy as np
 import yaml
 from _fair import BASE_RECIPE, PRIMARY, SECONDARY, comparison, pick_recipe
-from _loopvae_pages import fill
+from _loopvae_pages import fill, references
 from _vae_runs import StudyData, release_data, train_and_evaluate, train_overrides
 from scipy import stats
 
@@ -486,11 +486,10 @@ def conclusion_lines(arms: Runs, primary: dict[str, Any] | None, secondary: dict
 def bundled_references(page: std.Page) -> list[str]:
     """Section 5: where the references trained at this study's picks for the bundled LoopVAE's crops are and where
     their numbers are (one table, in ``study_loopvae.md``; not repeated here)."""
-    if not (refs := page.store.docs.parent / "study_loopvae" / "references.json").is_file():
+    if not (refs := references(page.store.root)):
         return []
-    recorded = json.loads(refs.read_text())
-    names = _names([name for name, r in recorded["references"].items() if r.get("bundled")])
-    return [*text("bundled", names=names, date=recorded["date"]), ""]
+    names = _names([name for name, r in refs.items() if r.get("bundled")])
+    return [*text("bundled", names=names, date=max(r["date"] for r in refs.values())[:10]), ""]
 
 
 STUDY = Study(

@@ -1,11 +1,15 @@
 """The bundled CPU tokenizer: its recipe search, release run and bundle -> ``assets/models/loopvae-cnn-tiny``,
-``docs/study_loopvae/release.md``, shown in ``docs/study_loopvae.md`` (``make recipe-search-vae``, ``release-vae``).
+``docs/study_loopvae/release.md``, shown in ``docs/study_loopvae.md`` (``make recipe-search-vae``, ``release-vae``),
+and the tuned references bundled beside it (``make release-references``).
 
 Phases: ``search`` (one-change arms at :data:`BASE_RECIPE`, scored by validation PSNR at the CPU time every arm
-reached), ``release`` (``loopvae-cnn-tiny`` and ``flux-vae-tiny`` at the same images seen) and ``bundle`` (latent
-statistics, both models paired by image, interventions, the bundle and its card). Options: ``scale=F`` (search),
-``steps=N`` (release; bundles only to ``bundle=DIR``), ``shared=DIR``. ``python studies/release_vae.py card``: the
-card again. Prose: ``docs/study_loopvae/text.md``.
+reached), ``release`` (``loopvae-cnn-tiny`` and ``flux-vae-tiny`` at the same images seen), ``bundle`` (latent
+statistics, both models paired by image, interventions, the bundle and its card) and ``references`` (the
+AutoencoderKL and AutoencoderDC references at their fair-study picks, each measured and bundled in
+``assets/models/<model>``, or refused: see :func:`reference_run`). Options: ``scale=F`` (search), ``steps=N``
+(release, references; bundles only to ``bundle=DIR``: the LoopVAE's folder, the references' parent folder),
+``shared=DIR``. ``python studies/release_vae.py card``: the bundled models' cards again. Prose:
+``docs/study_loopvae/text.md``.
 """
 
 from __future__ import annotations
@@ -15,9 +19,11 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import _fair as sf
 import _loopvae_pages as lp
 import _vae_runs as vr
 import torch
@@ -25,6 +31,7 @@ from _fair import psnr_at  # the search's score, as the fair study's searches re
 from _loopvae_pages import text
 
 import loopdata
+from loopdata.assets import portable_text
 from looprun.checkpoint import sha256_file
 from looprun.release import card_front_matter, release_weights_file
 from looprun.statistics import PairedDifference, paired_difference
@@ -32,13 +39,17 @@ from looprun.study import Arm, Budget, Metric, Phase, PlannedRun, ResultStore, R
 from looprun.study import page as std
 from looprun.study.page import Page
 from looprun.study.tables import md_table
+from loopvae.compare import _architecture
 from loopvae.latent_stats import STATS_FILE
 from loopvae.loading import load_artifact
 from loopvae.train_config import load_train_config
 
-PRESET, COMMAND, DOCS = "release-tiny", "make release-vae", "docs/study_loopvae/release"
+PRESET, COMMAND, DOCS = "release-tiny", "make release-vae", lp.RELEASE_DOCS
 LOOPVAE, REFERENCE, BUNDLE = "loopvae-s0", "flux-vae-tiny-s0", "assets/models/loopvae-cnn-tiny"
-REFERENCES_FILE = Path("docs/study_loopvae/references.json")  # written by make release-references
+REFERENCES_COMMAND, MODELS = "make release-references", "assets/models"  # the tuned references' target and folder
+ROOT = Path(__file__).resolve().parents[1]
+FAIR_DOCS = ROOT / "docs/study_fair"  # the references' recipe picks (studies/fair.py, section 2)
+RELEASE_STEPS = 7500  # the bundled LoopVAE's steps x 8 crops of 64^2: the references see as many pixels
 BASE_STEPS = 500  # ~6.5 minutes of one core (two runs sharing the machine) at 8 crops of 64^2
 # Pinned here so that the preset can carry the search's outcome: release-tiny's lr and loss before the search.
 BASE_RECIPE = ("warmup_steps=50", "lr=1.0e-3", "mse_weight=0.0")
@@ -82,11 +93,39 @@ def plan(phase: str) -> Phase:
     return Phase(phase, runs, registered=False)
 
 
+def plan_references(study: Study, records: Mapping[str, dict[str, Any]]) -> list[PlannedRun]:
+    """One run per tuned reference at the recipe its own search picked (``FAIR_DOCS``), for the bundled LoopVAE's
+    pixels seen (:data:`RELEASE_STEPS` scaled by the pick's pixels per step)."""
+    fair, out = sf.load_records(FAIR_DOCS), []
+    for family in lp.REFERENCE_FAMILIES:
+        picked, chosen = sf.pick(fair, family, FAIR_DOCS), sf.family_model(family, fair)
+        if picked is None or chosen is None:
+            raise LookupError(f"{family}: its recipe search is not finished ({FAIR_DOCS}/runs): run `loopvae study "
+                              "fair --phase shapes search` first")
+        recipe = next(a for a in sf.search_arms(family) if a.name == picked["arm"])
+        name = sf.registered_name(*chosen)
+        out.append(PlannedRun(f"{name}-s0", "references", family, PRESET, 0, {
+            "family": family, "model": name, "train_model": chosen[0], "model_overrides": chosen[1],
+            "recipe_arm": picked["arm"], "recipe": list(recipe.overrides),
+            "steps": max(4, round(RELEASE_STEPS * recipe.pixel_factor))}))
+    return out
+
+
+def reference_items(settings: Mapping[str, Any], steps: int) -> list[str]:
+    """``loopvae train --set`` items of a reference run (:func:`plan_references`' settings) at ``steps``."""
+    return [f"model={settings['train_model']}", f"model_overrides={settings['model_overrides']}", "seed=0",
+            f"max_steps={steps}", f"eval_every={max(1, steps // 10)}", f"checkpoint_every={max(1, steps // 15)}",
+            f"image_every={steps}", "log_every=50", *sf.BASE_RECIPE, *settings["recipe"]]
+
+
 def run(planned: PlannedRun, context: RunContext) -> dict[str, Any]:
-    """Train one search arm or release run (one thread, validation curve), or make the bundle."""
+    """Train one search arm or release run (one thread, validation curve), make the bundle, or release a
+    reference."""
     s, data, steps = planned.settings, vr.StudyData(**context.options["data"]), context.options.get("steps")
     if planned.phase == "bundle":
         return bundle_run(context, data, steps)
+    if planned.phase == "references":
+        return reference_run(planned, context, data, steps)
     if planned.phase == "search":
         n = max(4, round(s["steps"] * float(context.options.get("scale", 1.0))))
         items = vr.train_overrides("loopvae-cnn-tiny", "{shortcuts: true}", n, s["set"], 0, 3, BASE_RECIPE)
@@ -161,8 +200,56 @@ def bundle_run(context: RunContext, data: vr.StudyData, steps: int | None) -> di
             "sha256": sha256_file(release_weights_file(release)), "post_seconds": timings.data["post"]}
     if target := context.options.get("bundle", None if steps is not None else BUNDLE):
         vr.copy_bundle(release, context.root / target, ("config.json", "release.json", "latent_stats.json"))
-        write_card(context.root / target, view({**ResultStore(context.root, DOCS).all(), "bundle": made}))
+        write_card(context.root / target, view({**ResultStore(context.root, DOCS).all(), "bundle": made}),
+                   context.root)
     return made
+
+
+def reference_run(planned: PlannedRun, context: RunContext, data: vr.StudyData, steps: int | None
+                  ) -> dict[str, Any]:
+    """Train one tuned reference (``steps``: a smoke run's, else the planned), then its latent statistics,
+    architecture, evaluation at 256^2 and bundle. One not above bicubic on the held-out images is not bundled: its
+    numbers stay in its result file with status ``refused`` (a raised error would keep only the error), the other
+    reference still gets its bundle, ``--retry-failed`` runs it again and ``make release-references`` fails on
+    it. Smoke runs are never refused and bundle only to the ``bundle`` option."""
+    s, total = planned.settings, planned.settings["steps"] if steps is None else steps
+    items = reference_items(s, total)
+    record = vr.train_and_evaluate(planned.id, context.workdir, data, PRESET, items, evaluate=False)
+    if record["status"] != "finished":
+        return record
+    release, timings = context.workdir / "release", vr.Timings(context.workdir.parent / f"{planned.id}.timings.json")
+    vr.keep_freed_memory_mapped()
+    stats = write_latent_stats(release, data.train, timings, None if steps is None else 16)
+    arch = _architecture(str(release), 256, "ema")
+    dc = arch["class"] == "AutoencoderDC"
+    shift = (f" (AutoencoderDC has no shift_factor key; the measured shift {stats['shift_factor']:.6f} is in "
+             "latent_stats.json)" if dc else f", shift_factor {stats['shift_factor']:.6f}")
+    r = {**record, **{k: s[k] for k in ("family", "model", "model_overrides", "recipe_arm", "recipe")},
+         "steps": total, **{k: arch[k] for k in ("class", "params", "gmacs")}, "num_train": data.num_train,
+         "images_seen": total * load_train_config(PRESET, items).batch_size,
+         "eval": vr.evaluate_arm(context.workdir, data, "none", timings),
+         "sha256": sha256_file(release_weights_file(release)), "command": REFERENCES_COMMAND,
+         "latent_note": f"scaling_factor {stats['scaling_factor']:.6f}{shift}", "bundled": False}
+    heldout, bicubic = r["eval"]["imagenet"]["psnr"], r["eval"]["imagenet"]["baseline"]["psnr"]
+    if steps is None and heldout <= bicubic:
+        return {**r, "status": "refused", "refused": portable_text(
+            f"{s['model']}: {heldout:.2f} dB on the held-out images is not above bicubic ({bicubic:.2f} dB): a "
+            f"reference below bicubic is broken, not a baseline; not bundled (see {context.workdir}.log and its "
+            "validation.json)")}
+    if target := context.options.get("bundle", None if steps is not None else MODELS):
+        r["bundled"] = True
+        bundle_reference(release, context.root / target / s["model"], r)
+    return r
+
+
+def bundle_reference(release: Path, target: Path, r: dict[str, Any]) -> None:
+    """Copy a reference's config, latent statistics and EMA weights to ``target`` with release.json and its card."""
+    vr.copy_bundle(release, target)
+    info = json.loads((release / "release.json").read_text()) | {
+        "command": REFERENCES_COMMAND, "recipe_arm": r["recipe_arm"], "images_seen": r["images_seen"],
+        "train_cpu_hours": round(r["train_seconds"] / 3600, 3)}
+    (target / "release.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+    reference_card(target, r)
 
 
 def prepare(context: RunContext) -> dict[str, Any]:
@@ -260,10 +347,11 @@ def release_section(page: Page) -> list[str]:
                   one_range=100 * one["out_of_range"], anytime=lp.anytime_reading(iv)), ""]
 
 
-def references_lines(refs: dict[str, Any], release: dict[str, Any] | None) -> list[str]:
-    """The tuned references of ``references.json`` (one run each: descriptive; seeds: ``study_fair.md``), with the
-    bundled LoopVAE (``release``: :func:`view`) first: the table and how their validation curves end."""
-    models = [(f"`{m}`", f"`{m}`", r) for m, r in refs["references"].items()]
+def references_lines(refs: dict[str, dict[str, Any]], release: dict[str, Any] | None) -> list[str]:
+    """The tuned references (:func:`_loopvae_pages.references`; one run each: descriptive; seeds:
+    ``study_fair.md``), with the bundled LoopVAE (``release``: :func:`view`) first: the table and how their
+    validation curves end."""
+    models = [(f"`{m}`", f"`{m}`", r) for m, r in refs.items()]
     if release is not None:
         models.insert(0, ("`loopvae-cnn-tiny` + shortcuts (the bundled LoopVAE)", "the bundled LoopVAE", {
             "class": "LoopVAE", "recipe_arm": PRESET, "bundled": True, "images_seen": release["images_seen"],
@@ -281,22 +369,23 @@ def references_lines(refs: dict[str, Any], release: dict[str, Any] | None) -> li
         ends += text("release-reference-curve", label=label, values=" → ".join(f"{p['psnr']:.2f}" for p in curve),
                      steps=", ".join(f"{p['step']:,}" for p in curve), fifth=fifth, last=last,
                      gain=last["psnr"] - fifth["psnr"])
-    return [*text("release-references", refs=refs, curves=ends, table=md_table(
+    date = max(r["date"] for r in refs.values())[:10]
+    return [*text("release-references", command=REFERENCES_COMMAND, date=date, curves=ends, table=md_table(
         ["model", "class", "params", "GMACs @256²", "crops seen", "training CPU-hours", "recipe",
          "kodim21–24 PSNR / SSIM", "held-out ImageNet PSNR / SSIM", "bicubic (held-out)", "bundled"], body,
         "llrrrrlllrl")), ""]
 
 
 def references_section(page: Page) -> list[str]:
-    path = page.store.root / REFERENCES_FILE
-    return references_lines(json.loads(path.read_text()), view(page.records)) if path.is_file() else []
+    refs = lp.references(page.store.root)
+    return references_lines(refs, view(page.records)) if refs else []
 
 
-def write_card(target: Path, r: dict[str, Any]) -> None:
+def write_card(target: Path, r: dict[str, Any], root: Path = ROOT) -> None:
     """The bundled model's README (``r``: :func:`view`): what it is, how it was made and what it measures, beside the
-    tuned references of ``references.json`` (one run each: numbers, no verdict). ``tests/vae/test_bundled_model.py``
+    tuned references released under ``root`` (one run each: numbers, no verdict). ``tests/vae/test_bundled_model.py``
     reads its phrases and table."""
-    ev, refs = r["eval"][LOOPVAE], json.loads(REFERENCES_FILE.read_text())["references"]
+    ev, refs = r["eval"][LOOPVAE], lp.references(root)
     held = f"{r['num_holdout']} held-out ImageNet"
     sets = (("kodak", "kodim21–24", "kodim21-24 (Kodak)"), ("imagenet", held, f"{held}-sample images"))
     front = card_front_matter("loopvae-cnn-tiny", "diffusers", ["loopvision", "loopvae", "vae", "image-tokenizer"], [
@@ -314,15 +403,36 @@ def write_card(target: Path, r: dict[str, Any]) -> None:
     (target / "README.md").write_text(front + "\n".join(lines) + "\n")
 
 
+def reference_card(target: Path, r: dict[str, Any]) -> None:
+    """A reference bundle's README (``r``: its result record): the training command, crops seen, CPU-hours, sha256
+    and the measured table."""
+    ev, dc = r["eval"], r["class"] == "AutoencoderDC"
+    splits = (("kodak", "kodim21–24", "kodim21-24 (Kodak), 256²"),
+              ("imagenet", "40 held-out ImageNet", "40 held-out ImageNet-sample images, 256²"))
+    results = [{"task": "image-to-image", "dataset": dataset, "type": m, "name": m.upper(), "value": ev[split][m]}
+               for split, _, dataset in splits for m in ("psnr", "ssim")]
+    card = text("card-reference", r=r, command=REFERENCES_COMMAND, preset=PRESET, hours=r["train_seconds"] / 3600,
+                shortcuts="shortcut-equipped " if dc else "", recipe=" ".join(r["recipe"]) or "the base recipe",
+                base=" ".join(sf.BASE_RECIPE), latent="the deterministic latent" if dc else "posterior mode",
+                rows=[f"| {label} | {ev[s]['psnr']:.2f} | {ev[s]['ssim']:.4f} | {ev[s]['baseline']['psnr']:.2f} |"
+                      for s, label, _ in splits])
+    front = card_front_matter(r["model"], "diffusers", ["loopvision", "vae", "reference", r["class"]], results)
+    (target / "README.md").write_text(front + "\n".join(card) + "\n")
+
+
 STUDY = Study(
     name="release-vae", title="The bundled CPU tokenizer: its recipe search and its release", docs=DOCS,
     page="docs/study_loopvae/release.md", arms=ARMS, budgets=[Budget("search", (0,)), Budget(PRESET, (0,))],
     metric=Metric("final_psnr", "dB", label="validation PSNR at 256² (dB)"), run=run, row=row, prepare=prepare,
-    phases=[plan("search"), plan("release"), plan("bundle")], preregistration=None, command=COMMAND,
+    phases=[plan("search"), plan("release"), plan("bundle"), Phase("references", plan_references, registered=False)],
+    preregistration=None, command=COMMAND,
     sections=[std.header, search_section, release_section, references_section],
 )
 
-if __name__ == "__main__":  # python studies/release_vae.py card: the card again from the committed result files
+if __name__ == "__main__":  # python studies/release_vae.py card: the cards again from the committed result files
     if sys.argv[1:] != ["card"]:
         sys.exit("usage: python studies/release_vae.py card")
-    write_card(Path(BUNDLE), view(ResultStore(Path("."), DOCS).all()))  # type: ignore[arg-type]
+    write_card(ROOT / BUNDLE, view(ResultStore(ROOT, DOCS).all()))  # type: ignore[arg-type]
+    for name, reference in lp.references(ROOT).items():
+        if reference.get("bundled"):
+            reference_card(ROOT / MODELS / name, reference)

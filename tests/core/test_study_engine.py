@@ -142,10 +142,11 @@ def test_refuses_a_changed_preregistration_and_changed_training_code(repo: Path)
     assert not (repo / "docs/study_tiny/runs/tied-40-s2.json").exists()
 
 
-def test_a_failing_run_is_recorded_and_its_family_not_read(repo: Path) -> None:
+def test_a_failing_run_is_recorded_its_family_not_read_and_the_command_fails(repo: Path) -> None:
     study = load_study(repo / "studies" / "tiny.py")
-    run_study(study, LocalPool(2, repo / "runs" / "study-tiny"), docs_root=repo, options={"fail": "untied"},
-              log=lambda _: None)
+    proc = _study(repo, "--jobs", "2", "--option", "fail=untied")
+    assert proc.returncode == 1 and "6 run(s) ran, 3 failed" in proc.stdout, (proc.stdout, proc.stderr)
+    assert (repo / "docs/study_tiny.md").is_file()  # rendered before the exit status: the failures are on it
     failed = _records(repo)["untied-40-s0"]
     assert failed["status"] == "failed" and "fails on purpose" in "\n".join(failed["error"])
     text, results = render(study, repo)

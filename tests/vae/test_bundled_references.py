@@ -1,9 +1,12 @@
 """The tuned references bundled next to the LoopVAE (``assets/models/klvae-tiny-w32-attn``, ``assets/models/dcae-tiny``;
-made by ``make release-references``): diffusers folders that load with their own class, whose cards state what
-the weights measure, and ``loopvae compare`` from a clone's ``assets/`` alone."""
+made by ``make release-references``: ``studies/release_vae.py``, phase ``references``): diffusers folders that load
+with their own class, whose cards state what the weights measure, and ``loopvae compare`` from a clone's ``assets/``
+alone."""
 
 import json
 import re
+import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import diffusers
@@ -14,12 +17,16 @@ import loopdata
 from loopdata.assets import repo_root
 from looprun.checkpoint import sha256_file
 from looprun.release import WEIGHTS_NAME
+from looprun.study import ResultStore, load_study
+from looprun.study.engine import execute_run
 from loopvae.autoencoders import encode_mode, latent_values_per_pixel
 from loopvae.cli import main as loopvae_main
 from loopvae.metrics import bicubic_baseline, psnr_per_image, to_uint8
 
 MODELS = repo_root() / "assets" / "models"
 REFERENCES = {"klvae-tiny-w32-attn": "AutoencoderKL", "dcae-tiny": "AutoencoderDC"}
+RELEASE = load_study("release-vae", repo_root())
+rv = sys.modules["loopvision_studies.release_vae"]  # the spec's module: its helpers, and what a test replaces
 
 
 @pytest.fixture(scope="module")
@@ -93,29 +100,32 @@ def test_compare_runs_from_the_bundled_assets_alone(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_release_references_end_to_end_at_a_tiny_budget(tmp_path: Path) -> None:
-    """``studies/_release_references.py`` at 4 steps: both references train at their searches' picks, are
-    measured and bundled as loadable diffusers folders with card and release.json (~5 min)."""
+    """``loopvae study release-vae --phase references`` at 4 steps: both references train at their searches' picks,
+    are measured and bundled as loadable diffusers folders with card and release.json (~5 min)."""
     import subprocess
-    import sys
 
     from loopdata import find_shared_data
 
     if find_shared_data() is None:
         pytest.skip("the release trains on ../shared/data (the ImageNet sample)")
-    bundles = tmp_path / "bundles"
-    subprocess.run([sys.executable, str(repo_root() / "studies" / "_release_references.py"), "--steps", "4",
-                    "--runs", str(tmp_path / "runs"), "--bundle-dir", str(bundles), "--docs", str(tmp_path / "docs")],
-                   check=True, cwd=repo_root())
-    smoke = json.loads((tmp_path / "docs" / "references-smoke.json").read_text())
-    assert set(smoke["references"]) == set(REFERENCES)
+    bundles, docs = tmp_path / "bundles", tmp_path / "docs-root"
+    committed = {name: sha256_file(MODELS / name / WEIGHTS_NAME) for name in REFERENCES}
+    subprocess.run([sys.executable, "-m", "loopvae", "study", "release-vae", "--phase", "references", "--jobs", "2",
+                    "--option", "steps=4", "--option", f"bundle={bundles}", "--docs-root", str(docs),
+                    "--workdir", str(tmp_path / "runs")], check=True, cwd=repo_root())
+    smoke = {r["model"]: r for r in ResultStore(docs, RELEASE.docs).all().values()}
+    assert set(smoke) == set(REFERENCES)
     for name, cls in REFERENCES.items():
-        r = smoke["references"][name]
+        r = smoke[name]
+        assert r["status"] == "finished" and r["phase"] == "references" and r["id"] == f"{name}-s0"
         assert r["class"] == cls and r["steps"] == 4 and r["bundled"] is True
         assert getattr(diffusers, cls).from_pretrained(bundles / name) is not None
         release = json.loads((bundles / name / "release.json").read_text())
         assert release["command"] == "make release-references" and release["images_seen"] == r["images_seen"]
         assert r["sha256"] == sha256_file(bundles / name / WEIGHTS_NAME)
         assert r["sha256"] in (bundles / name / "README.md").read_text()
+    # a smoke run bundles only to its bundle option: the committed bundles are untouched
+    assert committed == {name: sha256_file(MODELS / name / WEIGHTS_NAME) for name in REFERENCES}
 
 
 @pytest.mark.parametrize("name", sorted(REFERENCES))
@@ -179,20 +189,58 @@ def test_the_release_card_of_an_autoencoderdc_is_tagged_as_one() -> None:
         assert f"- {tag}\n" in render_model_card(model, {})
 
 
-def test_the_release_driver_plans_and_writes_what_references_json_and_the_cards_record(tmp_path: Path,
-                                                                                        monkeypatch) -> None:
-    """``studies/_release_references.py`` trains each reference at its fair-study pick for the bundled LoopVAE's
-    crops (what references.json recorded), and its card writer reproduces the committed cards."""
-    monkeypatch.syspath_prepend(str(repo_root() / "studies"))
-    import _release_references as rr
-
-    recorded = json.loads((repo_root() / "docs/study_loopvae/references.json").read_text())["references"]
-    assert set(recorded) == set(REFERENCES)
+def test_the_release_plans_and_writes_what_the_reference_runs_and_the_cards_record(tmp_path: Path) -> None:
+    """The phase ``references`` trains each reference at its fair-study pick for the bundled LoopVAE's crops (what
+    its result files recorded, migrated from references.json), and its card writer reproduces the committed cards."""
+    recorded = rv.lp.references(repo_root())
+    assert list(recorded) == list(REFERENCES)  # AutoencoderKL first, as the pages and the LoopVAE card list them
+    planned = {p.settings["model"]: p for p in rv.plan_references(RELEASE, {})}
     for name, r in recorded.items():
-        arm, record = rr.reference_arm(r["family"], None, repo_root() / "docs/study_fair")
-        assert arm.name == f"{name}-s0" and record == {k: r[k] for k in record}
-        assert f"max_steps={r['steps']}" in arm.overrides and arm.overrides[-len(r["recipe"]):] == r["recipe"]
+        p = planned[name]
+        assert p.id == f"{name}-s0" and p.phase == r["phase"] == "references" and p.arm == r["family"]
+        assert {k: p.settings[k] for k in ("family", "model", "model_overrides", "recipe_arm", "recipe", "steps")} == {
+            k: r[k] for k in ("family", "model", "model_overrides", "recipe_arm", "recipe", "steps")}
+        items = rv.reference_items(p.settings, p.settings["steps"])
+        assert f"max_steps={r['steps']}" in items and items[-len(r["recipe"]):] == r["recipe"]
         (tmp_path / name).mkdir()
-        rr.write_card(tmp_path / name, r)
+        rv.reference_card(tmp_path / name, r)
         assert (tmp_path / name / "README.md").read_text() == _card(name).replace(
-            "benchmarks/release_references.py", "studies/_release_references.py")  # the driver's new place
+            "benchmarks/release_references.py", "studies/release_vae.py")  # the driver's new place
+
+
+@pytest.mark.parametrize("heldout", [25.0, 25.3, 26.0])
+def test_a_reference_not_above_bicubic_is_refused_and_keeps_its_numbers(heldout: float, tmp_path: Path,
+                                                                         monkeypatch) -> None:
+    """The refusal rule through the engine (training and measurement replaced by their results): at or below bicubic
+    on the held-out images (25.30 dB here) the run's file keeps every number with status ``refused`` and nothing is
+    bundled; above it, the reference is bundled with its card."""
+    planned = next(p for p in rv.plan_references(RELEASE, {}) if p.arm == "klvae")
+    work = tmp_path / "work"
+    release = work / planned.id / "release"
+    release.mkdir(parents=True)
+    for name, content in (("config.json", "{}"), ("latent_stats.json", "{}"), ("release.json", "{}"),
+                          (WEIGHTS_NAME, "weights")):
+        (release / name).write_text(content)
+    split = {"psnr": heldout, "ssim": 0.7, "baseline": {"psnr": 25.3}}
+    monkeypatch.setattr(rv.vr, "train_and_evaluate", lambda *a, **k: {"status": "finished", "curve": [],
+                                                                       "train_seconds": 3600.0})
+    monkeypatch.setattr(rv.vr, "evaluate_arm", lambda *a: {"kodak": split, "imagenet": split})
+    monkeypatch.setattr(rv, "write_latent_stats", lambda *a: {"shift_factor": 0.1, "scaling_factor": 0.5})
+    monkeypatch.setattr(rv, "_architecture", lambda *a: {"class": "AutoencoderKL", "params": 1, "gmacs": 2.0})
+    data = rv.vr.StudyData("train.tar", "kodak.tar", "holdout.tar", 740, 40)
+    bundles = tmp_path / "bundles"  # never assets/models: the option a full run leaves out
+    execute_run({"study_file": str(RELEASE.source), "run": planned.as_dict(), "docs_root": str(tmp_path),
+                 "docs": RELEASE.docs, "code_root": str(repo_root()), "workdir": str(work),
+                 "options": {"data": asdict(data), "bundle": str(bundles)}})
+    record = ResultStore(tmp_path, RELEASE.docs).load(planned.id)
+    assert record["eval"]["imagenet"] == split and record["images_seen"] == 7500 * 8 and record["sha256"] == \
+        sha256_file(release / WEIGHTS_NAME)
+    if heldout <= 25.3:
+        assert record["status"] == "refused" and record["bundled"] is False and not bundles.exists()
+        assert record["refused"].startswith(f"klvae-tiny-w32-attn: {heldout:.2f} dB on the held-out images is not "
+                                            "above bicubic (25.30 dB)")
+    else:
+        assert record["status"] == "finished" and record["bundled"] is True and "refused" not in record
+        card = (bundles / "klvae-tiny-w32-attn" / "README.md").read_text()
+        assert record["sha256"] in card and "**l1+mse**" in card
+        assert json.loads((bundles / "klvae-tiny-w32-attn" / "release.json").read_text())["train_cpu_hours"] == 1.0

@@ -298,18 +298,23 @@ def test_no_diverging_seed_is_stated_with_its_margin(study: Path) -> None:
     # (a diverging seed's diagnosis: test_page_reads_the_pre_registered_family_with_holm)
 
 
-def test_section_5_shows_the_bundled_references_from_their_release_file(tmp_path: Path) -> None:
-    where = SimpleNamespace(store=SimpleNamespace(docs=tmp_path / "study_fair"))
+def test_section_5_shows_the_bundled_references_from_their_release_files(tmp_path: Path) -> None:
+    where = SimpleNamespace(store=SimpleNamespace(root=tmp_path))
     assert fair.bundled_references(where) == []  # no release of the references yet: no section
-    committed = json.loads((ROOT / "docs/study_loopvae/references.json").read_text())
-    (tmp_path / "study_loopvae").mkdir()
-    (tmp_path / "study_loopvae" / "references.json").write_text(json.dumps(committed))
+    runs = ROOT / "docs/study_loopvae/release/runs"
+    (tmp_path / "docs/study_loopvae/release/runs").mkdir(parents=True)
+    committed = {}
+    for path in runs.glob("*.json"):
+        if (r := json.loads(path.read_text()))["phase"] == "references":  # the release study's phase of them
+            committed[r["model"]] = r
+            shutil.copy(path, tmp_path / "docs/study_loopvae/release/runs" / path.name)
     lines = fair.bundled_references(where)
     text = "\n".join(lines)
     assert lines[0].startswith("## 5. The references bundled with the repository")
+    assert "(`klvae-tiny-w32-attn`, `dcae-tiny`; 2026-12-07)" in text and len(committed) == 2
     # one table of the bundled references, in study_loopvae.md: this section points at it and repeats no number
     assert "study_loopvae.md#the-tuned-references-bundled-next-to-it-make-release-references" in text
-    for model, r in committed["references"].items():
+    for model, r in committed.items():
         assert f"`{model}`" in text and f"{r['eval']['imagenet']['psnr']:.2f}" not in text
     assert "the seeds are sections 3 and 4" in text
     assert "bundled LoopVAE) |" not in text  # without the LoopVAE's release file there is no LoopVAE row

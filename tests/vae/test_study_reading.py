@@ -14,7 +14,7 @@ from looprun.study.page import render
 ROOT = Path(__file__).resolve().parents[2]
 STUDY, RELEASE = load_study("vae", ROOT), load_study("release-vae", ROOT)
 sys.path.insert(0, str(ROOT / "studies"))  # load_study put it there too; said here for the imports below
-from _loopvae_pages import anytime_reading, interventions_table, per_image_criteria  # noqa: E402
+from _loopvae_pages import anytime_reading, interventions_table, per_image_criteria, references  # noqa: E402
 from release_vae import psnr_at, references_lines, view, write_card  # noqa: E402
 from vae import reading  # noqa: E402
 
@@ -158,8 +158,7 @@ def test_the_release_by_image_comparisons_are_descriptive(tmp_path: Path) -> Non
     table = card.split("## Measured")[1].split("Decoder finest stage")[0]
     # the card compares with the tuned references bundled beside it (one run each: numbers, no verdict), not with
     # the untuned flux-vae-tiny
-    refs = json.loads((ROOT / "docs/study_loopvae/references.json").read_text())["references"]
-    dcae = refs["dcae-tiny"]["eval"]["imagenet"]
+    dcae = references(ROOT)["dcae-tiny"]["eval"]["imagenet"]
     assert f"{dcae['psnr']:.2f} / {dcae['ssim']:.3f}" in table and "`dcae-tiny` (AutoencoderDC" in table
     assert "flux-vae-tiny" not in table and "+2.64" not in table and "docs/study_fair.md" in table
     assert not any(w in table for w in VERDICT_WORDS)
@@ -168,23 +167,22 @@ def test_the_release_by_image_comparisons_are_descriptive(tmp_path: Path) -> Non
 def _reference(psnr: float, bicubic: float, bundled: bool) -> dict:
     split = {"psnr": psnr, "ssim": 0.8, "baseline": {"psnr": bicubic}}
     r = {"class": "AutoencoderKL", "params": 1_049_603, "gmacs": 8.11, "images_seen": 60_000, "train_seconds": 3600.0,
-         "recipe_arm": "mse10", "eval": {"kodak": split, "imagenet": split}, "bundled": bundled,
-         "curve": [{"step": 750 * k, "psnr": psnr - 2.0 + 0.2 * k} for k in range(1, 11)]}
+         "recipe_arm": "mse10", "date": "2026-12-07 10:00", "eval": {"kodak": split, "imagenet": split},
+         "bundled": bundled, "curve": [{"step": 750 * k, "psnr": psnr - 2.0 + 0.2 * k} for k in range(1, 11)]}
     if not bundled:
         r["refused"] = f"klvae: {psnr:.2f} dB on the held-out images is not above bicubic ({bicubic:.2f} dB)"
     return r
 
 
 def test_the_references_section_says_which_reference_was_refused_and_why() -> None:
-    refs = {"command": "make release-references", "date": "2026-12-07",
-            "references": {"klvae-tiny-w32-attn": _reference(24.9, 25.3, False), "dcae-tiny": _reference(30.1, 25.3,
-                                                                                                           True)}}
+    refs = {"klvae-tiny-w32-attn": _reference(24.9, 25.3, False), "dcae-tiny": _reference(30.1, 25.3, True)}
     text = "\n".join(references_lines(refs, None))
     rows = {line.split(" | ")[0]: line for line in text.splitlines() if line.startswith("| `")}
     assert rows["| `dcae-tiny`"].endswith("| 25.30 | yes |") and "30.10 / 0.8000" in rows["| `dcae-tiny`"]
     assert "| no: klvae: 24.90 dB on the held-out images is not above bicubic (25.30 dB) |" in rows[
         "| `klvae-tiny-w32-attn`"]
     assert "carry no verdict" in text and "1.00 |" in rows["| `dcae-tiny`"]  # CPU-hours from train_seconds
+    assert "Produced by `make release-references` on 2026-12-07:" in text  # the runs' date, without the time
     # the last fifth of the steps (6,000 -> 7,500) added 2 x 0.2 dB: still rising, said with the numbers
     assert ("- `dcae-tiny`: 29.70 → 29.90 → 30.10 dB at steps 6,000, 6,750, 7,500; steps 6,000 → 7,500: +0.40 dB."
             in text)
@@ -193,12 +191,13 @@ def test_the_references_section_says_which_reference_was_refused_and_why() -> No
 def test_the_specs_plan_exactly_the_runs_of_the_migrated_result_files() -> None:
     """The split result files (docs/study_loopvae/migration.json) are the runs the specs plan, with the settings
     they ran with: a rerun trains nothing that is committed, and a missing file is planned again."""
-    for study, count in ((STUDY, 9), (RELEASE, 12)):
+    for study, count in ((STUDY, 9), (RELEASE, 14)):
         records = ResultStore(ROOT, study.docs).all()
         planned = [p for phase in study.plan_phases() for p in phase.plan(study, records)]
         assert sorted(p.id for p in planned) == sorted(records) and len(planned) == count
         for p in planned:
-            if p.phase in ("study", "release"):  # the search's width96 arm renamed a key since (norm_num_groups)
+            # the search's width96 arm renamed a key since (norm_num_groups)
+            if p.phase in ("study", "release", "references"):
                 assert records[p.id]["settings"] == dict(p.settings), p.id
     without = {k: r for k, r in ResultStore(ROOT, RELEASE.docs).all().items() if k != "flux-vae-tiny-s0"}
     assert [p.id for p in RELEASE.plan_phases()[2].plan(RELEASE, without)] == []  # the bundle waits for both runs

@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         print("\n".join(names) if names else f"no studies under {root / 'studies'}")
         return 0 if args.list else 2
     study = load_study(args.name, root)
-    docs_root = Path(args.docs_root or root)
+    docs_root, failed = Path(args.docs_root or root), 0
     if not args.render_only:
         workdir = Path(args.workdir or root / "runs" / f"study-{study.name}")
         slurm = {k: v for k, v in {"slurm_partition": args.slurm_partition, "timeout_min": args.timeout_min,
@@ -79,11 +79,12 @@ def run(args: argparse.Namespace) -> int:
         if args.dry_run:
             return 0
         print(f"{study.name}: {counts['ran']} run(s) ran, {counts['failed']} failed")
+        failed = counts["failed"]
     if not args.no_render:
         _, results = render(study, docs_root)
         prims = ", ".join(f"{p['id']} {p['verdict']}" for p in results["primaries"]) or "primaries not read yet"
         print(f"{study.page}: {len(results['runs'])} run(s); {prims}")
-    return 0
+    return 1 if failed else 0  # the page is rendered first: a failed run's numbers are kept and shown
 
 
 def main(args: argparse.Namespace, prog: str = "loopvae study") -> int:

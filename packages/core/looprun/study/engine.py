@@ -29,7 +29,9 @@ def _cpu_seconds() -> float:
 def execute_run(task: dict[str, Any]) -> dict[str, Any]:
     """Run one planned run and write its result file; returns ``{id, status}``. Used by every executor (its
     arguments are plain data so that it pickles to a cluster node). An exception in the study's run function is
-    a *failed* run (its record keeps the traceback's tail); a kill leaves no file, so the run reruns next time."""
+    a *failed* run (its record keeps the traceback's tail); a run function may also return its own ``status``
+    (e.g. ``"refused"``: measured, but kept out of a release), which counts as not finished. A kill leaves no
+    file, so the run reruns next time."""
     study = load_study(task["study_file"])
     planned = PlannedRun.from_dict(task["run"])
     store = ResultStore(Path(task["docs_root"]), task["docs"])
@@ -49,7 +51,7 @@ def execute_run(task: dict[str, Any]) -> dict[str, Any]:
               "date": time.strftime("%Y-%m-%d %H:%M"), "code": code_version(code_root, study.code_paths),
               "preregistration_sha256": task.get("preregistration_sha256"), "executor": task.get("executor")}
     store.write(planned.id, record)
-    return {"id": planned.id, "status": status}
+    return {"id": planned.id, "status": record["status"]}
 
 
 def estimate_seconds(study: Study, planned: PlannedRun, records: Mapping[str, dict[str, Any]],

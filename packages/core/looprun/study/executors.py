@@ -6,7 +6,8 @@ file and is simply run again next time.
 
 * :class:`LocalPool`: each run is a ``python -m looprun.study.worker`` subprocess (its own interpreter, so a
   crash or an out-of-memory kill takes only that run), at most ``jobs`` at a time, output to
-  ``<workdir>/<run id>.log``. It lives in the caller's process group: a signal to the group stops every run.
+  ``<workdir>/<run id>.worker.log`` (a run's own logs, e.g. ``loopvae train``'s, may use ``<run id>.log``).
+  It lives in the caller's process group: a signal to the group stops every run.
 * :class:`SubmititExecutor`: one ``submitit`` job per run (a SLURM job array on a cluster, as DeiT / DINO / MAE
   launch theirs; ``cluster="local"`` runs the same jobs as local processes, which is how the tests drive it).
   SLURM parameters (``slurm_partition``, ``timeout_min``, ``cpus_per_task``, ``gpus_per_node``, ``mem_gb`` ...)
@@ -48,7 +49,7 @@ class LocalPool:
     def _one(self, task: Task) -> str:
         spec = self.workdir / f"{task['run']['id']}.task.json"
         spec.write_text(json.dumps(task, indent=1) + "\n")
-        log = self.workdir / f"{task['run']['id']}.log"
+        log = self.workdir / f"{task['run']['id']}.worker.log"
         with open(log, "w") as out:
             code = subprocess.run([sys.executable, "-m", "looprun.study.worker", str(spec)], stdout=out,
                                   stderr=subprocess.STDOUT, cwd=task["code_root"], check=False).returncode
