@@ -69,14 +69,14 @@ def row(record: dict[str, Any]) -> dict[str, Any] | None:
 
 def reading(page: std.Page) -> dict[str, Any]:
     """Everything the main sections print, computed once per page (the seed rule, both families, the conclusion)."""
-    if "fair" not in page.__dict__:  # a cache of the spec's own beside the engine's fields
+    if "fair" not in page.readings:
         docs, records = page.store.docs, page.records
         arms, rule, planned = sf.extra_seed_rule(records, sf.costs(docs, main=True), docs)
         missing = [p.id for p in planned if p.seed in sf.MAIN_SEEDS and records.get(p.id, {}).get("status") !=
                    "finished"]
         primary, secondary = sf.family_summary(arms, PRIMARY), sf.family_summary(arms, SECONDARY)
         conclusion, computed = conclusion_lines(arms, primary, secondary, missing + rule["missing"])
-        page.__dict__["fair"] = {
+        page.readings["fair"] = {
             "plan": json.loads((docs / "plan.json").read_text()) if (docs / "plan.json").is_file() else {},
             "arms": arms, "rule": rule, "missing": missing, "primary": primary, "secondary": secondary,
             "stage1": sum(p.seed in sf.MAIN_SEEDS for p in planned), "conclusion": conclusion, "computed": {
@@ -85,7 +85,7 @@ def reading(page: std.Page) -> dict[str, Any]:
                                for k, v in sorted(arms.items()) for p in [[_mean(r) for r in v]]},
                 "primary": primary, "secondary": secondary, "flattening": flattening(arms),
                 "conclusion": computed} if arms else {}}
-    return page.__dict__["fair"]
+    return page.readings["fair"]
 
 
 def _names(names: list[str]) -> str:
@@ -425,7 +425,6 @@ def plot_curves(page: std.Page, name: str = "curves.png") -> str:
         fig.tight_layout()
         fig.savefig(page.store.docs / name, dpi=110)
         plt.close(fig)
-        page.figures.append(name)
     return f"{Path(page.study.docs).name}/{name}"
 
 

@@ -51,7 +51,7 @@ class Page:
     planned: list[PlannedRun]
     primaries: list[dict[str, Any]] = field(default_factory=list)
     primaries_missing: list[str] = field(default_factory=list)
-    figures: list[str] = field(default_factory=list)
+    readings: dict[str, Any] = field(default_factory=dict)  # a spec's own readings, computed once per render
     draw: bool = True  # write figures (False: a check that re-renders the text only)
 
     @property
@@ -248,7 +248,6 @@ def curves(page: Page, x: str = "step", y: str | None = None, xlabel: str = "tra
     page.store.docs.mkdir(parents=True, exist_ok=True)
     fig.savefig(page.store.docs / name, dpi=90)
     plt.close(fig)
-    page.figures.append(name)
     return ["## Learning curves", "", f"![learning curves]({rel})", ""]
 
 
