@@ -122,18 +122,21 @@ def prepare(context: RunContext) -> dict[str, Any]:
 
 # -- the page ------------------------------------------------------------------------------------------
 def row(r: dict[str, Any]) -> dict[str, Any] | None:
-    """A finished main run: held-out means, CPU cost and every per-image number."""
+    """A finished main run: held-out means, CPU cost and every per-image number (``per_image``: the contract's
+    list for results.json; ``per_unit``: the same PSNRs keyed by image, which the engine's null rows pair)."""
     if r.get("phase") != "main" or r["status"] != "finished":
         return None
     images, ev = r["evaluation"]["imagenet"], r["evaluation"]
     # the earlier driver's records carry no budget: their step count is its name
-    return {"arm": r["arm"], "budget": r.get("budget", str(r["steps"])), "seed": r["seed"], "name": r["name"],
+    return {"arm": r["arm"], "budget": r.get("budget", str(r["steps"])), "seed": r["seed"], "steps": r["steps"],
+            "name": r["name"],
             "psnr": statistics.fmean(i["psnr"] for i in images), "ssim": statistics.fmean(i["ssim"] for i in images),
             "kodak_psnr": statistics.fmean(i["psnr"] for i in ev["kodak"]), "train_seconds": r["train_seconds"],
             "cpu_ms_per_image": 1000 * r["train_seconds"] / (r["steps"] * 8), "params": ev["arch"]["params"],
             "gmacs": ev["arch"]["gmacs"], "lr": r.get("lr"), "recipe": r["recipe"], "code": r["code"]["commit"],
             "curve": [{k: p.get(k) for k in ("step", "images_seen", "train_seconds", "psnr", "ssim")}
                       for p in r["curve"]],
+            "per_image": [{k: i[k] for k in ("key", "shard", "psnr", "ssim", "bicubic_psnr")} for i in images],
             "per_unit": {"psnr": {f"{i['shard']}/{i['key']}": i["psnr"] for i in images}}}
 
 

@@ -57,11 +57,12 @@ def test_page_and_results_recompute_from_results_json(tmp_path: Path) -> None:
     saved = json.loads((root / "docs/study_sharing/results.json").read_text())
     assert [p["id"] for p in saved["primaries"]] == ["Q1", "Q2", "P2-long"]
     assert {r["arm"] for r in saved["runs"]} == {"global", "scale", "none", "dcae"}
-    assert all(len(r["per_unit"]["psnr"]) == 40 for r in saved["runs"])
+    contract = {"arm", "seed", "steps", "psnr", "ssim", "train_seconds", "per_image"}  # the runs fields
+    assert all(contract <= set(r) and len(r["per_image"]) == 40 for r in saved["runs"])
     # recompute the family from results.json alone: per-seed means of the per-image numbers
     by: dict[str, dict[int, float]] = {}
     for r in saved["runs"]:
-        by.setdefault(f"{r['arm']}@{r['budget']}", {})[r["seed"]] = sum(r["per_unit"]["psnr"].values()) / 40
+        by.setdefault(f"{r['arm']}@{r['steps']}", {})[r["seed"]] = sum(i["psnr"] for i in r["per_image"]) / 40
     prims = [Primary(p["id"], paired_difference([by[p["a"]][s] for s in sorted(by[p["a"]])],
                                                 [by[p["b"]][s] for s in sorted(by[p["b"]])]), p["margin"])
              for p in saved["primaries"]]
