@@ -38,28 +38,17 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
+    from looprun.training_loop import TrainResult, run_training_command
+
     from .train_config import load_train_config
-    from .trainer import NonFiniteLossError, train
+    from .trainer import train
+
+    def top1(result: TrainResult) -> str:
+        v = result.validation[-1] if result.validation else None
+        return "" if v is None else f"; validation top-1 {100 * v['top1']:.2f}% on {v['num_images']} images"
 
     config = load_train_config(args.config, args.set + (["compile=true"] if args.compile else []))
-    try:
-        result = train(config, args.data, args.out, args.val_data)
-    except NonFiniteLossError as err:
-        print(f"srvit train: {err}", file=sys.stderr)
-        return 3
-    finally:
-        from looprun.distributed import shutdown_distributed
-
-        shutdown_distributed()
-    if result.stopped_by:
-        print(f"stopped at step {result.step} ({result.stopped_by}); rerun the same command to resume")
-        return 0
-    line = f"finished at step {result.step}; release artifact: {result.release_dir}"
-    if result.validation:
-        v = result.validation[-1]
-        line += f"; validation top-1 {100 * v['top1']:.2f}% on {v['num_images']} images"
-    print(line)
-    return 0
+    return run_training_command("srvit train", train, config, args.data, args.out, args.val_data, top1)
 
 
 def _steps(text: str) -> tuple[int, ...]:

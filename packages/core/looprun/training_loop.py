@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -34,6 +35,7 @@ from .distributed import (
     gather_objects,
     init_distributed,
     mean_across_ranks,
+    shutdown_distributed,
     sum_across_ranks,
 )
 from .output_dir import prepare_output_dir
@@ -469,3 +471,24 @@ class TrainingLoop:
     def result(self, outcome: LoopOutcome, release: Path | None, validation: list | None = None) -> TrainResult:
         return TrainResult(self.run_dir, self.step, outcome.stopped_by, release, outcome.last_logs, outcome.history,
                            self.resumed_from, list(validation or []))
+
+
+def run_training_command(prog: str, train: Any, config: Any, data: str, out: str, val_data: str | None,
+                         summary: Any = None) -> int:
+    """A ``<prog> train`` command's run and report, shared by ``loopvae train`` and ``srvit train``:
+    ``train(config, data, out, val_data)`` -> :class:`TrainResult`; a non-finite loss is one line and exit status
+    3; a stop by signal says how to resume; ``summary(result)`` may add to the finished line (e.g. validation
+    top-1). The process group's distributed state is shut down however the run ends."""
+    try:
+        result = train(config, data, out, val_data)
+    except NonFiniteLossError as err:
+        print(f"{prog}: {err}", file=sys.stderr)
+        return 3
+    finally:
+        shutdown_distributed()
+    if result.stopped_by:
+        print(f"stopped at step {result.step} ({result.stopped_by}); rerun the same command to resume")
+        return 0
+    extra = summary(result) if summary is not None else ""
+    print(f"finished at step {result.step}; release artifact: {result.release_dir}{extra}")
+    return 0

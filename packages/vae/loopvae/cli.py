@@ -69,26 +69,15 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
+    from looprun.training_loop import run_training_command
+
     from .train_config import load_train_config
-    from .trainer import NonFiniteLossError, train
+    from .trainer import train
 
     flags = (["compile=true"] if args.compile else []) + (
         [f"memory_format={args.memory_format}"] if args.memory_format else [])
     config = load_train_config(args.config, args.set + flags)
-    try:
-        result = train(config, args.data, args.out, args.val_data)
-    except NonFiniteLossError as err:
-        print(f"loopvae train: {err}", file=sys.stderr)
-        return 3
-    finally:
-        from looprun.distributed import shutdown_distributed
-
-        shutdown_distributed()
-    if result.stopped_by:
-        print(f"stopped at step {result.step} ({result.stopped_by}); rerun the same command to resume")
-    else:
-        print(f"finished at step {result.step}; release artifact: {result.release_dir}")
-    return 0
+    return run_training_command("loopvae train", train, config, args.data, args.out, args.val_data)
 
 
 def _add_eval(sub: argparse._SubParsersAction) -> None:
