@@ -244,6 +244,7 @@ STUDY = Study(
     primaries=[Comparison("Q1", "global@1500", "none@1500", "tied − untied, 1,500 steps", margin=0.2),
                Comparison("Q2", "global@4500", "none@4500", "tied − untied, 4,500 steps", margin=0.2),
                Comparison("P2-long", "global@4500", "dcae@4500", "tied LoopVAE − dcae-tiny, 4,500 steps")],
+    smoke_options=("scale",),
     secondaries=[Comparison("S1", "scale@1500", "none@1500", "scale − none, 1,500 steps"),
                  Comparison("S2", "global@1500", "scale@1500", "global − scale, 1,500 steps")],
     run=run,

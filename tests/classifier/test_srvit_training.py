@@ -5,6 +5,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ import srvit
 from looprun.checkpoint import CheckpointManager
 from looprun.config import ConfigError
 from srvit.train_config import list_presets, load_train_config
-from srvit.trainer import classification_loss, train
+from srvit.trainer import Trainer, classification_loss, train
 
 # A tiny SR-ViT on 32x32 crops of the labelled Kodak shards, DeiT augmentation (RandAugment, erasing, Mixup/CutMix).
 KODAK = [
@@ -89,6 +90,33 @@ def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(kodak_labelle
         blocks = [h["fusion_entropy/block00"], h["fusion_entropy/block01"]]
         assert all(0.0 <= e <= math.log(2) + 1e-6 for e in blocks)
         assert h["fusion_entropy"] == pytest.approx(sum(blocks) / 2)
+
+
+def test_resumed_run_reports_cumulative_train_seconds(kodak_labelled, tmp_path: Path) -> None:
+    """``train_seconds`` (train_summary.json) is the CPU of the whole run's optimisation loop: it is checkpointed,
+    so a run resumed after a kill reports its checkpoint's seconds plus the resumed steps', not the resumed
+    segment's alone (what a study timing only the resumed process would record)."""
+    config = load_train_config("cifar10-srvit-ti", [*KODAK, "max_steps=4", "checkpoint_every=2"])
+    out = tmp_path / "run"
+    train(config, kodak_labelled, out)
+    manager = CheckpointManager(out / "checkpoints")
+    for path in manager.list_checkpoints()[1:]:  # a kill during step 3 leaves the step-2 checkpoint only
+        for f in path.iterdir():
+            f.unlink()
+        path.rmdir()
+    before = manager.load_latest().state["trainer"]["train_seconds"]
+    assert before > 0
+    trainer = Trainer(config, kodak_labelled, out)
+    assert trainer.step == 2 and trainer.train_seconds == before  # restored from the checkpoint
+    start = time.process_time()
+    result = trainer.run()
+    around = time.process_time() - start  # this process's CPU over the whole resumed segment
+    segment = trainer.train_seconds - before  # the resumed steps 3-4 as the counter saw them
+    summary = json.loads((out / "train_summary.json").read_text())
+    assert result.step == 4 and result.resumed_from.name == "step-00000002"
+    assert 0 < segment <= around
+    assert summary["train_seconds"] > segment and summary["train_seconds"] == pytest.approx(before + segment, abs=0.01)
+    assert manager.load_latest().state["trainer"]["train_seconds"] == trainer.train_seconds  # in the final state
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:

@@ -73,6 +73,88 @@ def test_page_and_results_json_follow_the_contract(tmp_path: Path) -> None:
     assert results["runs"][0]["curve"][0] == {"epoch": 10, "top1": 35.0}
     assert "fall-backs taken: depth6, epochs120, seed4" in text and "**better**" in text
     assert "reproduces at CPU scale" in text and "## The gap over training" in text
+    assert "| 60 | 41.50 ± 1.29 |" in text and "waiting for P1" not in text  # P1 read: its row is shown
+
+
+def _render(tmp_path: Path, records: dict[str, dict]) -> tuple[str, dict]:
+    docs = tmp_path / "docs/study_srvit_depth"
+    (docs / "runs").mkdir(parents=True)
+    shutil.copy(ROOT / "docs/study_srvit_depth/preregistration.md", docs)
+    for name, record in records.items():
+        (docs / "runs" / f"{name}.json").write_text(json.dumps(record))
+    return render(STUDY, tmp_path)
+
+
+def _gap_rows(text: str) -> list[str]:
+    section = text.split("## The gap over training")[1].split("\n## ")[0]
+    return [line for line in section.splitlines() if line.startswith("| ") and line[2].isdigit()]
+
+
+def test_the_gap_table_holds_p1s_row_until_p1_is_read(tmp_path: Path) -> None:
+    """Seeds 0-2 of both arms finished, seed 3 of R1 not: P1's family is incomplete, so the final epoch's row
+    (P1's difference on the seeds so far) waits; the earlier, descriptive rows are shown."""
+    records = {"pilot": _pilot(20, 120)}  # P1 at seeds 0-3
+    for s in range(3):
+        records[f"R1-60-s{s}"] = _run("R1", "60", s, 40.0 + s)
+        records[f"R4-60-s{s}"] = _run("R4", "60", s, 41.0 + s)
+    records["R4-60-s3"] = _run("R4", "60", 3, 44.0)
+    text, results = _render(tmp_path, records)
+    assert results["primary"] is None
+    rows = _gap_rows(text)
+    assert [r.split("|")[1].strip() for r in rows] == ["10", "20", "30", "40", "50", "60"]
+    assert rows[-1].count("waiting for P1") == 3 and "1.00 ±" not in rows[-1]
+    assert all("waiting" not in r for r in rows[:-1])
+    assert "P1 is not read yet" in text
+
+
+def _worse_study(rise_120: float, depth_gap: float, pilot: dict | None = None) -> dict[str, dict]:
+    """R4 below R1 on every seed (P1 *worse*); R1 seed 0 at 120 epochs ``rise_120`` points above its 60-epoch
+    top-1; R1 at depth 6 ``depth_gap`` (+ 0.2 seed) points below depth 12 on seeds 0-2."""
+    records = {"pilot": pilot or _pilot(20, 70)}  # everything fits: both checks planned
+    for s in range(5):
+        records[f"R1-60-s{s}"] = _run("R1", "60", s, 40.0 + s)
+        records[f"R4-60-s{s}"] = _run("R4", "60", s, 38.0 + s - 0.1 * s * s)
+    if pilot is None:
+        records["R1-120-s0"] = _run("R1", "120", 0, 40.0 + rise_120, epochs=120)
+        for s in range(3):
+            records[f"R1-depth6-60-check-s{s}"] = _run("R1-depth6", "60-check", s, 40.0 + s - depth_gap - 0.2 * s)
+    return records
+
+
+def test_a_worse_p1_is_evidence_only_with_every_validity_check_passing(tmp_path: Path) -> None:
+    text, results = _render(tmp_path / "pass", _worse_study(rise_120=0.5, depth_gap=3.0))
+    assert results["primary"]["verdict"] == "worse"
+    assert "(a) R1 seed 0: 40.00% at 60 epochs, 40.50% at 120 (+0.50 points)" in text and "(passes)" in text
+    assert "this regime rewards depth" in text
+    conclusion = text.split("## Conclusion")[1]
+    assert "this is evidence that the trend does not transfer" in conclusion and "Uninformative" not in conclusion
+
+
+@pytest.mark.parametrize("rise_120, depth_gap, why", [
+    (2.0, 3.0, "here (a) failed."),  # 60 epochs is still early
+    (0.5, 0.0, "here (b) failed."),  # depth 6 as good as depth 12: the interval does not lie above 0
+    (2.0, 0.0, "here (a) failed, (b) failed."),
+])
+def test_a_worse_p1_with_a_failed_validity_check_is_uninformative(tmp_path: Path, rise_120: float,
+                                                                   depth_gap: float, why: str) -> None:
+    text, results = _render(tmp_path, _worse_study(rise_120, depth_gap))
+    assert results["primary"]["verdict"] == "worse"
+    conclusion = text.split("## Conclusion")[1]
+    assert "Uninformative under the pre-registered rule" in conclusion and why in conclusion
+    assert "is evidence" not in conclusion
+
+
+def test_a_worse_p1_with_checks_dropped_or_pending_is_uninformative(tmp_path: Path) -> None:
+    # the pilot's fall-backs dropped both checks (P1 at n = 4)
+    text, results = _render(tmp_path / "dropped", _worse_study(0.0, 0.0, pilot=_pilot(20, 120)))
+    assert results["primary"]["verdict"] == "worse" and results["primary"]["n"] == 4
+    assert "here (a) was dropped by the pilot's fall-backs, (b) was dropped by the pilot's fall-backs." in text
+    assert "- (a) R1 seed 0 at 60 and 120 epochs: dropped by the pilot's fall-backs." in text
+    # both checks planned, not yet run: P1 is read, the verdict waits on the checks
+    records = _worse_study(0.5, 3.0)
+    del records["R1-120-s0"]
+    text, _ = _render(tmp_path / "pending", records)
+    assert "here (a) has not run yet." in text and "is evidence" not in text.split("## Conclusion")[1]
 
 
 @pytest.mark.slow

@@ -3,11 +3,14 @@
 The same question as the sharing study in miniature, at a budget of milliseconds: ``x -> W3 W2 W1 x`` fitted to a
 fixed random target map by gradient descent, with one matrix used three times (``tied``) or three matrices
 (``untied``), seeds 0-2, paired by seed (a seed fixes the initial weights' draw and the data). Options:
-``sleep`` (seconds per run, for the kill test), ``fail`` (an arm whose runs raise).
+``sleep`` (seconds per run, for the kill test), ``fail`` (an arm whose runs raise), ``vanish`` (an arm whose
+runs' worker dies without a result file), ``scale`` (a smoke run: steps scaled; refused in the study's own
+results).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -22,6 +25,8 @@ DIM, PASSES, SAMPLES = 6, 3, 24
 def run(planned: PlannedRun, context: RunContext) -> dict[str, Any]:
     if context.options.get("fail") == planned.arm:
         raise RuntimeError(f"arm {planned.arm} fails on purpose (option fail)")
+    if context.options.get("vanish") == planned.arm:  # the worker dies before it writes a result file
+        os._exit(9)
     time.sleep(float(context.options.get("sleep", 0)))
     data = np.random.default_rng(1000)  # the task: the same for every run
     target = np.linalg.qr(data.normal(size=(DIM, DIM)))[0] * 0.9
@@ -29,7 +34,7 @@ def run(planned: PlannedRun, context: RunContext) -> dict[str, Any]:
     rng = np.random.default_rng(planned.seed)
     weights = [np.eye(DIM) + 0.1 * rng.normal(size=(DIM, DIM)) for _ in range(1 if planned.arm == "tied" else PASSES)]
     lr, curve = planned.settings["lr"], []
-    for step in range(1, planned.settings["steps"] + 1):
+    for step in range(1, max(10, round(planned.settings["steps"] * float(context.options.get("scale", 1)))) + 1):
         mats = [weights[min(i, len(weights) - 1)] for i in range(PASSES)]
         states = [x_train]
         for m in mats:
@@ -44,8 +49,18 @@ def run(planned: PlannedRun, context: RunContext) -> dict[str, Any]:
         if step % 10 == 0:
             curve.append({"step": step, "score": _scores(weights, x_test, target).mean()})
     per_sample = _scores(weights, x_test, target)
-    return {"metrics": {"score": float(per_sample.mean()), "params": sum(w.size for w in weights)},
+    return {"code_file": _code_file(),
+            "metrics": {"score": float(per_sample.mean()), "params": sum(w.size for w in weights)},
             "per_unit": {"score": {f"x{i:02d}": float(v) for i, v in enumerate(per_sample)}}, "curve": curve}
+
+
+def _code_file() -> str | None:
+    """Where the code root's own package came from (the executors put the code root's sources on PYTHONPATH)."""
+    try:
+        import tinycode
+    except ImportError:  # the spec also loads outside its test repository
+        return None
+    return tinycode.__file__
 
 
 def _scores(weights: list[np.ndarray], x: np.ndarray, target: np.ndarray) -> np.ndarray:
@@ -58,6 +73,7 @@ def _scores(weights: list[np.ndarray], x: np.ndarray, target: np.ndarray) -> np.
 
 STUDY = Study(
     name="tiny",
+    smoke_options=("scale",),
     title="Tied against untied weights of a three-pass linear map (the engine's test study)",
     docs="docs/study_tiny",
     page="docs/study_tiny.md",

@@ -106,3 +106,17 @@ def test_margin_family_steps_down() -> None:
     assert 0.0125 < weak.p < 0.05
     fam = margin_family([Primary("a", weak), Primary("b", paired_difference([0.0, 0.1, -0.1], [0.0] * 3))])
     assert [p.verdict for p in fam] == ["inconclusive", "inconclusive"]
+
+
+def test_a_degenerate_member_still_counts_in_the_registered_family_size() -> None:
+    """Holm over a registered m = 2: a member without an interval makes no claim but keeps m at 2, so the other
+    is read at 1 - 0.05 / 2, not at 95% (which would make its correction milder than registered)."""
+    from looprun.statistics import Primary, margin_family
+
+    weak = paired_difference([0.3, 0.12, 0.33, 0.1], [0.0] * 4)  # p between 0.025 and 0.05
+    assert 0.025 < weak.p < 0.05
+    degenerate = paired_difference([24.035, 24.035], [24.0, 24.0])
+    fam = margin_family([Primary("a", weak), Primary("b", degenerate)])
+    assert fam[0].confidence_holm == pytest.approx(1 - 0.05 / 2) and fam[0].p_holm == pytest.approx(2 * weak.p)
+    assert [p.verdict for p in fam] == ["inconclusive", "inconclusive"]
+    assert margin_family([Primary("a", weak)])[0].verdict == "better"  # alone it would be read at 95%

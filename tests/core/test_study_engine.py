@@ -4,6 +4,8 @@ kill of its whole process group, and refuses a changed pre-registration or chang
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -16,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from looprun.study import RegistrationError, ResultStore, RunContext, load_study
+from looprun.study import page as page_module
 from looprun.study.engine import run_study
 from looprun.study.executors import LocalPool
 from looprun.study.page import render
@@ -41,6 +44,9 @@ def repo(tmp_path: Path) -> Path:
         "## Pre-registration\n\nT1: tied − untied, paired by seed, seeds 0-2, margin 0.5 dB.\n")
     (root / "packages").mkdir()
     (root / "packages" / "model.py").write_text("WIDTH = 6\n")
+    (root / "packages" / "tinycode").mkdir()  # a package the runs import from the code root's sources
+    (root / "packages" / "tinycode" / "__init__.py").write_text("PASSES = 3\n")
+    (root / "pyproject.toml").write_text('[tool.setuptools.packages.find]\nwhere = ["packages"]\n')
     _git(root, "init", "-q")
     _git(root, "add", "-A")
     _git(root, "commit", "-qm", "study")
@@ -73,6 +79,7 @@ def test_local_pool_runs_every_run_pins_the_registration_and_renders(repo: Path)
         assert r["preregistration_sha256"] == digest["preregistration_sha256"]
         assert r["code"] == {"commit": head, "dirty": False}
         assert r["run_cpu_seconds"] > 0
+        assert r["code_file"] == str(repo / "packages/tinycode/__init__.py")  # the code root's, on PYTHONPATH
     results = json.loads((repo / "docs/study_tiny/results.json").read_text())
     page = (repo / "docs/study_tiny.md").read_text()
     assert results["primaries"][0]["id"] == "T1" and f"**{results['primaries'][0]['verdict']}**" in page
@@ -92,6 +99,7 @@ def test_submitit_local_executor_gives_the_same_numbers(repo: Path, tmp_path: Pa
     assert remote.returncode == 0, remote.stdout + remote.stderr
     records = _records(repo)
     assert {r["executor"] for r in records.values()} == {"submitit"} and len(records) == 6
+    assert {r["code_file"] for r in records.values()} == {str(repo / "packages/tinycode/__init__.py")}
     assert (repo / "runs/study-tiny/submitit").is_dir()  # submitit's own job folder (pickled task, logs)
     study = load_study(repo / "studies" / "tiny.py")  # the same runs in this process: the executor changes nothing
     here = {p.id: study.run(p, RunContext(repo, tmp_path / p.id, {}))["metrics"]["score"] for p in study.grid()}
@@ -152,6 +160,104 @@ def test_a_failing_run_is_recorded_its_family_not_read_and_the_command_fails(rep
     text, results = render(study, repo)
     assert results["primaries"] == [] and "untied@40 seed 0" in results["primaries_missing"]
     assert "failed: untied-40-s0, untied-40-s1, untied-40-s2" in text and "Not read yet" in text
+
+
+def test_a_worker_that_dies_leaves_its_runs_missing_the_page_rendered_and_the_command_failed(repo: Path) -> None:
+    proc = _study(repo, "--jobs", "2", "--option", "vanish=untied")
+    assert proc.returncode == 1 and "6 run(s) ran, 3 failed" in proc.stdout, (proc.stdout, proc.stderr)
+    assert "ended without a result file (untied-40-s0, untied-40-s1, untied-40-s2)" in proc.stdout
+    assert "Traceback" not in proc.stderr
+    text = (repo / "docs/study_tiny.md").read_text()
+    assert "Runs with a result file: 3 of 6 planned; still to run: 3." in text and "Not read yet" in text
+
+
+def test_a_record_that_cannot_make_a_row_is_named_with_its_file_and_key(repo: Path) -> None:
+    store = ResultStore(repo, "docs/study_tiny")
+    store.write("tied-40-s0", {"budget": "40", "seed": 0, "status": "finished", "metrics": {"score": 1.0}})
+    proc = _study(repo, "--render-only")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "study_tiny/runs/tied-40-s0.json: the result record cannot make a row" in proc.stderr
+    assert "(KeyError: 'arm')" in proc.stderr
+
+
+def test_a_smoke_option_is_refused_in_the_study_own_results_and_recorded_elsewhere(repo: Path,
+                                                                                    tmp_path: Path) -> None:
+    proc = _study(repo, "--option", "scale=0.25")
+    assert proc.returncode == 2 and "--option scale changes what a run of study 'tiny' measures" in proc.stderr
+    assert not (repo / "docs/study_tiny/runs").exists()
+    scratch = tmp_path / "smoke"
+    (scratch / "docs/study_tiny").mkdir(parents=True)  # a scratch root carries the registration it runs under
+    shutil.copy(repo / "docs/study_tiny/preregistration.md", scratch / "docs/study_tiny/preregistration.md")
+    proc = _study(repo, "--option", "scale=0.25", "--only", "tied-40-s0", "--docs-root", str(scratch))
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads((scratch / "docs/study_tiny/runs/tied-40-s0.json").read_text())
+    assert record["options"] == {"scale": 0.25} and len(record["curve"]) == 1  # 10 steps: one curve point
+
+
+def test_a_package_imported_from_outside_the_code_root_is_named(repo: Path, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The main checkout's copy of a package the code root also holds (an editable install while the code root
+    is a worktree of the pinned commit) is named, so the run fails instead of recording the wrong code."""
+    from looprun.study.store import foreign_imports, source_env
+
+    assert source_env(repo)["PYTHONPATH"].split(os.pathsep)[0] == str((repo / "packages").resolve())
+    other = tmp_path / "main-checkout" / "tinycode"
+    other.mkdir(parents=True)
+    (other / "__init__.py").write_text("PASSES = 4\n")
+    monkeypatch.syspath_prepend(str(other.parent))
+    monkeypatch.delitem(sys.modules, "tinycode", raising=False)
+    import tinycode
+
+    assert foreign_imports(repo) == [f"tinycode: {tinycode.__file__}"]
+    monkeypatch.setitem(sys.modules, "tinycode", type(sys)("tinycode"))  # a module without a file: not foreign
+    assert foreign_imports(repo) == []
+
+
+def test_a_run_under_another_preregistration_is_listed_and_kept_out_of_the_primaries(tmp_path: Path) -> None:
+    study = load_study(SPEC)
+    store = ResultStore(tmp_path, study.docs)
+    store.docs.mkdir(parents=True)
+    (store.docs / "preregistration.md").write_text("## Pre-registration\n\nT1, margin 0.5 dB.\n")
+    digest = hashlib.sha256((store.docs / "preregistration.md").read_bytes()).hexdigest()
+    for arm, seed in itertools.product(("tied", "untied"), range(3)):
+        store.write(f"{arm}-40-s{seed}", {"arm": arm, "budget": "40", "seed": seed, "status": "finished",
+                                          "metrics": {"score": 10.0 + seed + (arm == "tied") * 0.1 * seed},
+                                          "preregistration_sha256": "0" * 64 if (arm, seed) == ("tied", 2)
+                                          else digest})
+    text, results = render(study, tmp_path, write=False)
+    assert results["stale_registration"] == ["tied-40-s2"] and results["primaries"] == []
+    assert "tied@40 seed 2" in results["primaries_missing"]
+    assert "(these differ and are left out of the primaries: tied-40-s2)" in text
+
+
+def test_a_primary_stays_unread_in_the_secondaries_until_its_whole_family_is(tmp_path: Path) -> None:
+    """T1's runs are complete, T2's are not: the secondaries table must not print T1's difference early (the
+    family is read whole); once T2's runs are in, it does."""
+    import dataclasses
+
+    from looprun.study import Budget, Comparison
+
+    base = load_study(SPEC)
+    study = dataclasses.replace(base, budgets=[*base.budgets, Budget("80", seeds=(0, 1, 2), steps=80)],
+                                primaries=[*base.primaries, Comparison("T2", "tied@80", "untied@80")],
+                                preregistration=None, sections=[page_module.secondaries])
+    store = ResultStore(tmp_path, study.docs)
+
+    def write(arm: str, budget: str, seed: int, score: float) -> None:
+        store.write(f"{arm}-{budget}-s{seed}", {"arm": arm, "budget": budget, "seed": seed, "status": "finished",
+                                                "metrics": {"score": score}})
+
+    for seed in range(3):
+        write("tied", "40", seed, 10.0 + seed)
+        write("untied", "40", seed, 10.5 + seed + 0.1 * seed)
+    text, _ = render(study, tmp_path, write=False)
+    assert "| T1: tied − untied | waiting |" in text and "| S1: " in text and "S1: untied − tied (the same contrast " \
+        "reversed) | waiting" not in text
+    for seed in range(3):
+        write("tied", "80", seed, 11.0 + seed)
+        write("untied", "80", seed, 11.0 + seed)
+    text, _ = render(study, tmp_path, write=False)
+    assert "| T1: tied − untied | -0.60 [" in text
 
 
 def test_dry_run_plans_with_an_estimate_and_trains_nothing(repo: Path) -> None:

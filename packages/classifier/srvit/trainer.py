@@ -6,6 +6,11 @@ schedule, data position), auto-resume from the newest valid checkpoint, per-step
 run draws the same augmentation and drop-path as an uninterrupted one, EMA weights, TensorBoard and a
 rank-0 progress bar, and a cross-rank weight digest at the end.
 
+``train_seconds`` (checkpointed, so cumulative across resumes; in ``train_summary.json``): CPU-seconds of this
+process (``time.process_time``, every thread) spent in the optimisation loop: loading and augmenting the
+batches, the steps and their logging; not the validation passes, checkpoint writes or start-up. A resumed run
+counts the steps of its final trajectory once (steps redone after a kill replace the lost ones).
+
 Loss: soft-target cross-entropy when the loader mixes (Mixup/CutMix give float targets with label
 smoothing already applied), else cross-entropy with ``label_smoothing``; with deep supervision the mean
 of the loss of the shared head over every supervised trajectory state.
@@ -14,6 +19,7 @@ of the loss of the shared head over every supervised trajectory state.
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -141,6 +147,8 @@ class Trainer(TrainingLoop):
             options = loopdata.make_options("classification", **config.data_options())
             self.loss_smoothing = 0.0 if options.mixing else options.label_smoothing
             self.validation: list[dict[str, float]] = []
+            self.train_seconds = 0.0  # cumulative over resumes (see the module docstring)
+            self._clock = time.process_time()
             self.data_spec = canonical_urls(data)
             self.data_identity = data_identity(self.data_spec)
             self.resume()
@@ -165,10 +173,12 @@ class Trainer(TrainingLoop):
         self.scheduler.load_state_dict(s["scheduler"])
 
     def counters(self) -> dict[str, Any]:
-        return {"validation": self.validation}
+        return {"validation": self.validation, "train_seconds": self.train_seconds}
 
     def load_counters(self, trainer_state: dict[str, Any]) -> None:
         self.validation = list(trainer_state.get("validation", []))
+        # checkpoints written before the counter existed resume from 0
+        self.train_seconds = float(trainer_state.get("train_seconds", 0.0))
 
     @property
     def eval_model(self) -> RecursiveViT:
@@ -203,9 +213,16 @@ class Trainer(TrainingLoop):
         return logs
 
     def after_step(self, batch: dict[str, Any], logger: RunLogger) -> None:
+        # the training CPU since the last mark: this step's batch (loading, augmentation), the step, its logging
+        self.train_seconds += time.process_time() - self._clock
         every = self.config.eval_every
         if every and self.step % every == 0 and self.step < self.total_steps:
             self.validate(logger)
+        self._clock = time.process_time()  # the validation pass is not training
+
+    def save(self, reason: str) -> None:
+        super().save(reason)
+        self._clock = time.process_time()  # nor are the final validation and the checkpoint write
 
     def before_final_checkpoint(self, logger: RunLogger) -> None:
         self.validate(logger)  # stored in the final checkpoint
@@ -232,12 +249,13 @@ class Trainer(TrainingLoop):
             cfg.model, parameters / 1e6, self.ctx.world_size, len(self.loader),
             self.step, self.total_steps, self.lr,
         )
+        self._clock = time.process_time()
         outcome = self.loop()
         release = self.finish_run(
             self.model, self.eval_model,
             {"weights": cfg.eval_weights, "model": cfg.model, "protocol": cfg.protocol}, outcome,
             {"peak_lr": self.lr, "validation": self.validation, "epochs": self.step / max(self.loader.num_batches, 1),
-             "parameters": parameters},
+             "parameters": parameters, "train_seconds": round(self.train_seconds, 2)},
             card_facts=self.card_facts(),
         )
         return self.result(outcome, release, self.validation)

@@ -123,10 +123,12 @@ def welch_difference(a: list[float], b: list[float], confidence: float = 0.95) -
                       "Welch t", n_a=len(a), n_b=len(b), df=df)
 
 
-def holm_adjust(pvalues: list[float | None]) -> list[float | None]:
-    """Holm's step-down adjusted p-values (``None`` stays ``None`` and does not count in the family size)."""
+def holm_adjust(pvalues: list[float | None], m: int | None = None) -> list[float | None]:
+    """Holm's step-down adjusted p-values; ``None`` stays ``None``. ``m``: the family size (default: the p-values
+    that are not ``None``; a pre-registered family passes its registered size, so a member without a p-value
+    does not make the others' correction milder)."""
     indexed = sorted((p, i) for i, p in enumerate(pvalues) if p is not None)
-    m = len(indexed)
+    m = len(indexed) if m is None else m
     adjusted: list[float | None] = [None] * len(pvalues)
     running = 0.0
     for rank, (p, i) in enumerate(indexed):
@@ -222,14 +224,15 @@ def margin_family(primaries: list[Primary], alpha: float = 0.05) -> list[Primary
     Verdicts: ``better`` / ``worse`` / ``inconclusive`` without a margin; with a margin ``within margin``
     (lower bound above -margin), ``worse, within margin`` (both bounds between -margin and 0), ``worse``
     (upper bound below 0, lower bound not above -margin), ``better`` (lower bound above 0), or
-    ``inconclusive``. Degenerate members (no interval) are inconclusive and do not count in m.
+    ``inconclusive``. Degenerate members (no interval) are inconclusive and still count in m (the registered
+    family size), as members that make no claim.
     """
     for prim in primaries:
         ps = [p for _, p in _claims(prim, alpha) if p is not None]
         prim.p = min(ps) if ps else None
-    adjusted = holm_adjust([p.p for p in primaries])
+    adjusted = holm_adjust([p.p for p in primaries], len(primaries))
     ordered = sorted((p for p in primaries if p.p is not None), key=lambda p: p.p)  # type: ignore[arg-type, return-value]
-    m, stopped = len(ordered), False
+    m, stopped = len(primaries), False
     for prim, adj in zip(primaries, adjusted, strict=True):
         prim.p_holm = adj
     for rank, prim in enumerate(ordered):

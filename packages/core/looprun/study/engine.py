@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from looprun.study.spec import PlannedRun, RunContext, Study, load_study
-from looprun.study.store import ResultStore, code_version, file_sha256, registration
+from looprun.study.store import ResultStore, code_version, file_sha256, foreign_imports, registration
 
 
 def _cpu_seconds() -> float:
@@ -43,13 +43,18 @@ def execute_run(task: dict[str, Any]) -> dict[str, Any]:
                            "(render it with --render-only)")
     wall0, cpu0 = time.time(), _cpu_seconds()
     try:
+        if foreign := foreign_imports(code_root):  # the recorded code version would not be the code that ran
+            raise RuntimeError(f"this process imports code from outside the study's code root {code_root}: "
+                               f"{'; '.join(foreign)}; run with that checkout's source folders on PYTHONPATH "
+                               "(the local pool and submitit executors set it)")
         measured, status = study.run(planned, context), "finished"
     except Exception:
         measured, status = {"error": traceback.format_exc().splitlines()[-12:]}, "failed"
     record = {**planned.as_dict(), "status": status, **measured,
               "run_cpu_seconds": _cpu_seconds() - cpu0, "run_wall_seconds": time.time() - wall0,
               "date": time.strftime("%Y-%m-%d %H:%M"), "code": code_version(code_root, study.code_paths),
-              "preregistration_sha256": task.get("preregistration_sha256"), "executor": task.get("executor")}
+              "preregistration_sha256": task.get("preregistration_sha256"), "executor": task.get("executor"),
+              **({"options": task["given_options"]} if task.get("given_options") else {})}
     store.write(planned.id, record)
     return {"id": planned.id, "status": record["status"]}
 
@@ -78,7 +83,7 @@ def run_study(study: Study, executor: Any, *, docs_root: Path, code_root: Path |
     if unknown:
         raise ValueError(f"study {study.name!r} has no phase {', '.join(unknown)} (phases: {', '.join(names)})")
     counts = {"planned": 0, "ran": 0, "failed": 0}
-    options, prepared = dict(options or {}), False
+    given, options, prepared = dict(options or {}), dict(options or {}), False  # given: recorded in each run
     for phase in study.plan_phases():
         if phases and phase.name not in phases:
             continue
@@ -102,6 +107,11 @@ def run_study(study: Study, executor: Any, *, docs_root: Path, code_root: Path |
                 options.update(study.prepare(RunContext(code_root, Path(workdir), options)))
                 prepared = True
             digest = None
+            smoke = sorted(set(given) & set(study.smoke_options))
+            if phase.registered and smoke and Path(docs_root).resolve() == code_root.resolve():
+                raise ValueError(f"--option {', '.join(smoke)} changes what a run of study {study.name!r} measures: "
+                                 f"its registered phase {phase.name!r} refuses it in the study's own results; give a "
+                                 "smoke run a scratch --docs-root")
             if phase.registered:
                 plan = registration(store, study.preregistration, study.code_paths, code_root=code_root)
                 digest = plan.get("preregistration_sha256")
@@ -110,7 +120,8 @@ def run_study(study: Study, executor: Any, *, docs_root: Path, code_root: Path |
             where = {"docs_root": str(Path(docs_root).resolve()), "docs": study.docs,
                      "code_root": str(code_root.resolve()), "workdir": str(Path(workdir).resolve())}
             tasks = [{"study_file": str(study.source), "run": p.as_dict(), **where, "options": options,
-                      "preregistration_sha256": digest, "executor": executor.name} for p in todo]
+                      "preregistration_sha256": digest, "executor": executor.name, "given_options": given}
+                     for p in todo]
             log(f"{study.name} {phase.name}: {len(todo)} run(s) to go on {executor.name} "
                 f"({sum(p.id in records for p in planned)} of {len(planned)} have a result file)")
 
@@ -122,9 +133,9 @@ def run_study(study: Study, executor: Any, *, docs_root: Path, code_root: Path |
             executor.run(tasks, done)
             attempted.update(p.id for p in todo)
             lost = [p.id for p in todo if store.load(p.id) is None]
-            if lost:
-                raise RuntimeError(f"{len(lost)} run(s) of {study.name!r} ended without a result file "
-                                   f"({', '.join(lost)}): see their logs under {workdir}")
+            if lost:  # counted as failed (``done``); the page still renders and lists them as missing
+                log(f"{study.name} {phase.name}: {len(lost)} run(s) ended without a result file "
+                    f"({', '.join(lost)}): see their logs under {workdir}; they run again next time")
     return counts
 
 

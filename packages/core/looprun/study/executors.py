@@ -17,6 +17,7 @@ file and is simply run again next time.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -24,6 +25,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
+
+from looprun.study.store import source_env
 
 Task = dict[str, Any]
 OnDone = Callable[[Task, str], None]  # outcome: "finished", "failed", or why no result file was written
@@ -52,7 +55,8 @@ class LocalPool:
         log = self.workdir / f"{task['run']['id']}.worker.log"
         with open(log, "w") as out:
             code = subprocess.run([sys.executable, "-m", "looprun.study.worker", str(spec)], stdout=out,
-                                  stderr=subprocess.STDOUT, cwd=task["code_root"], check=False).returncode
+                                  stderr=subprocess.STDOUT, cwd=task["code_root"], check=False,
+                                  env=source_env(Path(task["code_root"]))).returncode
         return _outcome(task, code, log)
 
 
@@ -77,8 +81,14 @@ class SubmititExecutor:
     def run(self, tasks: Sequence[Task], on_done: OnDone) -> None:
         from looprun.study.engine import execute_run
 
-        with self.executor.batch():  # one job array on SLURM
-            jobs = [(task, self.executor.submit(execute_run, task)) for task in tasks]
+        saved = dict(os.environ)
+        try:  # the jobs inherit the environment: the code root's sources first on PYTHONPATH
+            os.environ.update(source_env(Path(tasks[0]["code_root"])) if tasks else {})
+            with self.executor.batch():  # one job array on SLURM
+                jobs = [(task, self.executor.submit(execute_run, task)) for task in tasks]
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
         pending = list(jobs)
         while pending:
             still = []

@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -67,6 +68,43 @@ def file_sha256(path: Path) -> str:
 
 def git(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, check=False)
+
+
+def source_dirs(root: Path) -> list[Path]:
+    """The folders the code at ``root`` imports from (``pyproject.toml``'s
+    ``[tool.setuptools.packages.find] where``); ``[]`` for a checkout without them."""
+    import tomllib
+
+    path = Path(root) / "pyproject.toml"
+    if not path.is_file():
+        return []
+    where = tomllib.loads(path.read_text()).get("tool", {}).get("setuptools", {}).get("packages", {})
+    return [(Path(root) / w).resolve() for w in where.get("find", {}).get("where", [])]
+
+
+def source_env(root: Path) -> dict[str, str]:
+    """This process's environment with ``root``'s source folders first on ``PYTHONPATH``: a run of a study whose
+    code root is another checkout (a worktree of the pinned commit) imports that checkout's code, not the
+    editable install's."""
+    env = dict(os.environ)
+    dirs = [str(d) for d in source_dirs(root)]
+    if dirs:
+        env["PYTHONPATH"] = os.pathsep.join([*dirs, *filter(None, [env.get("PYTHONPATH")])])
+    return env
+
+
+def foreign_imports(root: Path) -> list[str]:
+    """Modules imported in this process from outside ``root`` whose package ``root``'s source folders also hold
+    (e.g. ``loopvae`` from the main checkout while the study's code root is a worktree): ``"name: file"``."""
+    out = []
+    for folder in source_dirs(root):
+        packages = [p.name for p in folder.iterdir() if (p / "__init__.py").is_file()] if folder.is_dir() else []
+        for package in sorted(packages):
+            module = sys.modules.get(package)
+            file = getattr(module, "__file__", None)
+            if file and not Path(file).resolve().is_relative_to(folder):
+                out.append(f"{package}: {file}")
+    return out
 
 
 def code_version(root: Path, paths: Sequence[str] = ("packages", "pipelines")) -> dict[str, Any]:
