@@ -294,6 +294,28 @@ def test_primaries_wait_for_the_whole_family_and_divergence_uses_the_rule(repo: 
     assert flagged[0]["threshold"] == pytest.approx(1.0)  # max(floor 0.5, 5 x b's spread 0.2)
 
 
+def test_a_primary_reads_in_its_preregistered_words_and_unknown_words_are_refused(repo: Path) -> None:
+    """The tiny spec's T1 (margin 0.5) with the words a pre-registration wrote: the page, the note under the
+    table and the results say them; a word for a verdict the comparison cannot reach is an error naming it."""
+    import dataclasses
+
+    from looprun.study import Comparison
+
+    words = {"within margin": "tying costs < 0.5", "worse": "tying costs", "better": "tying better",
+             "worse, within margin": "tying costs, less than 0.5"}
+    base = load_study(repo / "studies" / "tiny.py")
+    study = dataclasses.replace(base, primaries=[dataclasses.replace(base.primaries[0], words=words)])
+    noise = (-0.1, 0.05, -0.05)  # tied − untied per seed: an interval around 0, well inside the margin
+    rows = [_row("tied", s, 10.0 + s + noise[s]) for s in range(3)] + [_row("untied", s, 10.0 + s) for s in range(3)]
+    (prim,), _ = primary_family(study, rows)
+    assert prim["verdict"] == "tying costs < 0.5" and prim["ci"][0] > -0.5 and prim["ci"][1] > 0
+    with pytest.raises(ValueError, match=r"'T9': words for verdicts it cannot reach: \['within margin'\]"):
+        Comparison("T9", "tied@40", "untied@40", words={"within margin": "x"})  # no margin: it cannot read so
+    page = page_module.Page(study, ResultStore(repo, study.docs), {}, rows, [], primaries=[prim])
+    text = "\n".join(page_module.primaries(page))
+    assert "**tying costs < 0.5** |" in text and "both = *tying costs, less than 0.5*" in text
+
+
 def test_the_study_command_reports_errors_in_one_line_and_imports_no_torch(repo: Path) -> None:
     code = ("import sys; from loopvae.cli import main; rc = main(['study', '--list', '--root', sys.argv[1]]); "
             "print('torch' in sys.modules, rc)")

@@ -155,10 +155,14 @@ def primaries(page: Page) -> list[str]:
                       f"({', '.join(miss[:8])}{' ...' if len(miss) > 8 else ''}).", ""]
     labels = {c.id: c.label for c in study.primaries if c.label}
     out += primaries_table(page.primaries, labels, study.metric.unit)
+    margined = next((c for c in study.primaries if c.margin is not None), None)
+    note = "" if margined is None else (
+        " With a margin: *{}* = the Holm-level lower bound is above −margin; *{}* = its upper bound is below 0; "
+        "both = *{}*; a lower bound above 0 = *{}*.".format(
+            *map(margined.word, ("within margin", "worse", "worse, within margin", "better"))))
     out += ["", "The *95% interval* is the unadjusted interval of the seed-wise difference; the *Holm-level "
             "interval* is the same interval at the confidence Holm's step-down gives that primary, and the verdict "
-            "is read from it. With a margin: *within margin* = the Holm-level lower bound is above −margin; *worse* "
-            "= its upper bound is below 0; both = *worse, within margin*.", ""]
+            "is read from it." + note, ""]
     return out
 
 

@@ -57,7 +57,9 @@ class Comparison:
     """A contrast ``a - b`` between two run groups ``arm@budget``. ``margin``: a non-inferiority margin (in the
     metric's unit; ``None`` for an ordinary two-sided comparison). ``seeds``: the seeds it pairs (default: the
     seeds both groups' budgets fix). ``paired``: seeds share data order and initialisation draws, so the seed-wise
-    differences are paired; ``False`` reads Welch's test (independent samples)."""
+    differences are paired; ``False`` reads Welch's test (independent samples). ``words``: the verdict words the
+    pre-registration wrote for this primary, keyed by the engine's verdict (e.g. ``{"within margin": "sharing
+    costs < 0.2 dB"}``); a verdict without an entry keeps the engine's word."""
 
     id: str
     a: str
@@ -67,6 +69,21 @@ class Comparison:
     metric: str | None = None
     seeds: tuple[int, ...] | None = None
     paired: bool = True
+    words: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        allowed = MARGIN_VERDICTS if self.margin is not None else PLAIN_VERDICTS
+        if unknown := sorted(set(self.words) - set(allowed)):
+            raise ValueError(f"comparison {self.id!r}: words for verdicts it cannot reach: {unknown} "
+                             f"(its verdicts: {', '.join(allowed)})")
+
+    def word(self, verdict: str) -> str:
+        """The pre-registered word for one of the engine's verdicts."""
+        return self.words.get(verdict, verdict)
+
+
+PLAIN_VERDICTS = ("better", "worse", "inconclusive")  # looprun.statistics.margin_family's verdicts
+MARGIN_VERDICTS = (*PLAIN_VERDICTS, "within margin", "worse, within margin")  # ... with a non-inferiority margin
 
 
 @dataclass(frozen=True)

@@ -73,8 +73,8 @@ def difference(study: Study, comparison: Comparison, values: Values, planned: Pl
 def primary_family(study: Study, rows: Sequence[Mapping[str, Any]], planned: Planned = None
                    ) -> tuple[list[dict[str, Any]], list[str]]:
     """The pre-registered primaries once every one of their runs exists: rows ``{id, a, b, label, metric, diff,
-    ci, n, test, p, p_holm, margin, confidence_holm, ci_holm, verdict, seeds}``; with any run missing, no member is
-    read and the second value lists what is absent."""
+    ci, n, test, p, p_holm, margin, confidence_holm, ci_holm, verdict, seeds}`` (``verdict`` in the words the
+    comparison registered); with any run missing, no member is read and the second value lists what is absent."""
     by_metric = {c.metric or study.metric.name for c in study.primaries}
     values = {m: group_values(rows, m) for m in by_metric}
     missing = sorted({x for c in study.primaries
@@ -85,7 +85,7 @@ def primary_family(study: Study, rows: Sequence[Mapping[str, Any]], planned: Pla
              for c in study.primaries]
     margin_family(prims, study.rules.alpha)
     return [{"a": c.a, "b": c.b, "label": c.label, "metric": c.metric or study.metric.name,
-             "seeds": list(study.comparison_seeds(c, planned)), **p.as_dict()}
+             "seeds": list(study.comparison_seeds(c, planned)), **p.as_dict(), "verdict": c.word(p.verdict)}
             for c, p in zip(study.primaries, prims, strict=True)], []
 
 
