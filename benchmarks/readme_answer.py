@@ -24,6 +24,8 @@ FAIR = [("P1", "LoopVAE − AutoencoderKL (no shortcuts), equal images", "loopva
 SHARING = {"Q1": "tied − untied weights, same model and MACs, 12,000 crops",
            "Q2": "tied − untied weights, same model and MACs, 36,000 crops",
            "P2-long": "LoopVAE (tied) − AutoencoderDC, 36,000 crops"}
+SHORT = {"Q1": "tied − untied, 12,000 crops", "Q2": "tied − untied, 36,000 crops",
+         "P2-long": "tied − AutoencoderDC, 36,000 crops"}
 
 
 def _ci(ci: list[float | None] | None) -> str:
@@ -41,10 +43,10 @@ def render(root: Path = ROOT) -> str:
                         f"{p['diff']:+.2f} {_ci(p['ci'])} | **{p['verdict']}** (Holm; margin "
                         f"{'0.20 dB' if p['margin'] else 'none'}) |")
     else:
-        done = len(sharing["runs"]) if sharing else 0
+        done = sharing["conclusion"]["seeded_runs"] if sharing else {"finished": 0, "planned": 24}
         for pid, text in SHARING.items():
-            rows.append(f"| [sharing](docs/study_sharing.md) | {pid}: {text} | – | running ({done} of 24 seeded "
-                        f"runs finished) | pre-registered, not read yet |")
+            rows.append(f"| [sharing](docs/study_sharing.md) | {pid}: {text} | – | running ({done['finished']} of "
+                        f"{done['planned']} seeded runs finished) | pre-registered, not read yet |")
     results = json.loads((root / "docs/study_fair/results.json").read_text())
     fair, train_seconds = results["computed"], {r["name"]: r["train_seconds"] for r in results["runs"]}
     comps = {(c["a"], c["b"]): c for c in fair["primary"]["comparisons"] if c["metric"] == "psnr"}
@@ -70,7 +72,29 @@ def render(root: Path = ROOT) -> str:
             f"{ratio('loopvae-sc@img', 'dcae@img', 'gmacs'):.2f}× their MACs per 256² image and takes "
             f"{ratio('loopvae@img', 'klvae@img', 'train_ms_per_image'):.2f}× / "
             f"{ratio('loopvae-sc@img', 'dcae@img', 'train_ms_per_image'):.2f}× their training CPU time per image.")
-    return "\n".join(rows) + "\n\n" + cost
+    return "\n".join(rows) + "\n\n" + cost + ("\n\n" + sharing_line(sharing["conclusion"]) if sharing else "")
+
+
+def sharing_line(c: dict) -> str:
+    """The sharing study's answer in words, from its computed conclusion (results.json ``conclusion``)."""
+    w = c["weights"]
+    picks = ", ".join(f"`{arm}` {'waiting' if lr is None else format(lr, '.0e').replace('e-0', 'e-')}"
+                      for arm, lr in c["lr_picks"].items())
+    if not w:
+        return "- **What sharing itself costs**: no seeded run has finished yet."
+    line = (f"- **What sharing itself costs** ([docs/study_sharing.md](docs/study_sharing.md)): the same model "
+            f"(`loopvae-cnn-tiny` with shortcuts) tied (`global`, {w['global'] / 1e6:.2f}M parameters) against "
+            f"untied (`none`, {w['none'] / 1e6:.2f}M), same graph and {w['gmacs']:.2f} GMACs: tying removes "
+            f"{w['removed']:.0%} of the stored weights. Each sharing rule's learning rate was checked first "
+            f"(picks: {picks}).")
+    if not c["primaries"]:
+        done = c["seeded_runs"]
+        return line + (f" The seeded runs are under way ({done['finished']} of {done['planned']} committed, run by "
+                       "run); the rows above fill in when the whole Holm family is in.")
+    said = [f"{p['id']} ({SHORT[p['id']]}): PSNR {p['psnr']['diff']:+.2f} dB "
+            f"{_ci(p['psnr']['ci'])}, SSIM {p['ssim']['diff']:+.3f}, {p['n']} seeds, **{p['verdict']}**"
+            for p in c["primaries"]]
+    return line + " " + "; ".join(said) + "."
 
 
 def main() -> int:

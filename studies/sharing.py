@@ -182,21 +182,38 @@ def runs_section(page: Page) -> list[str]:
             "process CPU time over the images seen (one thread per run, two runs at a time).", ""]
 
 
-def conclusion(page: Page) -> list[str]:
-    out = ["## Conclusion (computed from the numbers above)", ""]
+def computed(page: Page) -> dict[str, Any]:
+    """The conclusion rule's numbers (results.json ``conclusion``; README's sharing line reads them): the weights
+    tying removes, each arm's lr pick, and per primary its PSNR and SSIM difference and verdict (once the family is
+    read)."""
+    if "conclusion" in page.readings:
+        return page.readings["conclusion"]
     first = {f"{r['arm']}@{r['budget']}": r for r in page.rows}
     g, n = first.get("global@1500"), first.get("none@1500")
-    if g and n:
-        out.append(f"- Tying every core block (`global` against `none`) removes {1 - g['params'] / n['params']:.0%} "
-                   f"of the model's stored weights ({n['params']:,} → {g['params']:,} parameters) at the same "
-                   f"{g['gmacs']:.2f} GMACs.")
-    if not page.primaries:
-        return [*out, "- The primaries are not read yet (their family is incomplete).", ""]
     ssim = group_values(page.rows, "ssim")
-    for p, c in zip(page.primaries, page.study.primaries, strict=True):
-        ds = difference(page.study, c, ssim)
-        out.append(f"- **{p['id']}** ({p['label']}): {p['diff']:+.2f} dB PSNR, 95% interval {interval(p['ci'])}, "
-                   f"SSIM {ds.mean:+.3f} {interval([ds.low, ds.high], 3)}, n = {p['n']} seeds: **{p['verdict']}**.")
+    out = page.readings["conclusion"] = {
+        "weights": g and n and {"global": g["params"], "none": n["params"], "removed": 1 - g["params"] / n["params"],
+                                "gmacs": g["gmacs"]},
+        "lr_picks": {arm: lr_pick(arm, page.records) for arm in SHARING},
+        "seeded_runs": {"finished": len(page.rows), "planned": sum(p.phase == "main" for p in page.planned)},
+        "primaries": [{"id": p["id"], "label": p["label"], "n": p["n"], "psnr": {"diff": p["diff"], "ci": p["ci"]},
+                       "ssim": {"diff": ds.mean, "ci": [ds.low, ds.high]}, "verdict": p["verdict"]}
+                      for p, c in zip(page.primaries, page.study.primaries, strict=True)
+                      for ds in [difference(page.study, c, ssim)]] if page.primaries else []}
+    return out
+
+
+def conclusion(page: Page) -> list[str]:
+    out, done = ["## Conclusion (computed from the numbers above)", ""], computed(page)
+    if w := done["weights"]:
+        out.append(f"- Tying every core block (`global` against `none`) removes {w['removed']:.0%} of the model's "
+                   f"stored weights ({w['none']:,} → {w['global']:,} parameters) at the same {w['gmacs']:.2f} GMACs.")
+    if not done["primaries"]:
+        return [*out, "- The primaries are not read yet (their family is incomplete).", ""]
+    for p in done["primaries"]:
+        out.append(f"- **{p['id']}** ({p['label']}): {p['psnr']['diff']:+.2f} dB PSNR, 95% interval "
+                   f"{interval(p['psnr']['ci'])}, SSIM {p['ssim']['diff']:+.3f} {interval(p['ssim']['ci'], 3)}, "
+                   f"n = {p['n']} seeds: **{p['verdict']}**.")
     return [*out, ""]
 
 
@@ -224,7 +241,7 @@ def curves(page: Page) -> list[str]:
 
 
 def extra_results(page: Page) -> dict[str, Any]:
-    return {"lrcheck": [{"arm": r["arm"], "lr": r["lr"], "status": r["status"],
+    return {"conclusion": computed(page), "lrcheck": [{"arm": r["arm"], "lr": r["lr"], "status": r["status"],
                          "psnr": r["curve"][-1]["psnr"] if r["curve"] else None, "train_seconds": r["train_seconds"]}
                         for r in page.records.values() if r.get("phase") == "lrcheck"]}
 
