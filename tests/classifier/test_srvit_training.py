@@ -119,6 +119,32 @@ def test_resumed_run_reports_cumulative_train_seconds(kodak_labelled, tmp_path: 
     assert manager.load_latest().state["trainer"]["train_seconds"] == trainer.train_seconds  # in the final state
 
 
+def test_a_stop_during_the_last_step_still_ends_the_run_with_its_final_validation(kodak_labelled,
+                                                                                  tmp_path: Path) -> None:
+    """SIGTERM (a session ending) that lands in the last step: the run is complete, so it finishes as one that
+    was not stopped, with the final validation in its summary and checkpoint (a stop recorded there instead left
+    the final validation out for good: the resumed run had no step left to take it)."""
+    import signal
+
+    config = load_train_config("cifar10-srvit-ti", [*KODAK, "max_steps=3", "checkpoint_every=100"])
+    trainer = Trainer(config, kodak_labelled, tmp_path / "run", val_data=kodak_labelled)
+    plain_step = trainer.train_step
+
+    def step_then_signal(batch):
+        logs = plain_step(batch)
+        if trainer.step == 2:  # train_step of the third and last step (the counter moves after it)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return logs
+
+    trainer.train_step = step_then_signal
+    result = trainer.run()
+    summary = json.loads((tmp_path / "run/train_summary.json").read_text())
+    assert result.stopped_by is None and summary["stopped_by"] is None and result.release_dir is not None
+    assert [v["step"] for v in summary["validation"]] == [3]
+    latest = CheckpointManager(tmp_path / "run/checkpoints").load_latest()
+    assert latest.step == 3 and latest.metadata["reason"] == "periodic"
+
+
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     proc = subprocess.run([sys.executable, "-m", "srvit", *args], capture_output=True, text=True, timeout=600,
                           env=dict(os.environ, OMP_NUM_THREADS="1"))

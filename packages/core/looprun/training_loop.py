@@ -415,8 +415,12 @@ class TrainingLoop:
                     outcome.last_logs = logs
                     self.after_step(batch, logger)
                     stop_now = any_rank(stop.requested is not None, ctx)
-                    if stop_now or self.step % cfg.checkpoint_every == 0 or self.step == self.total_steps:
-                        if self.step == self.total_steps and not stop_now:
+                    # A stop that arrives during the last step stops nothing: the run is complete, and its final
+                    # work (e.g. the last validation) must be in the checkpoint, or a resume would finish without it.
+                    last = self.step == self.total_steps
+                    stop_now = stop_now and not last
+                    if stop_now or self.step % cfg.checkpoint_every == 0 or last:
+                        if last:
                             self.before_final_checkpoint(logger)
                         self.save("signal" if stop_now else "periodic")
                     if stop_now:
