@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -41,10 +40,13 @@ from looprun.study.verdicts import secondary_rows
 GEOMETRY = {"patch_size": 8, "embed_dim": 96, "num_heads": 3}  # the recurrence study's half-width ViT-Ti
 RECIPE = ["lr=5.0e-4", "batch_size=64", "weight_decay=0.05", "warmup_epochs=5", "min_lr_ratio=0.02",
           "label_smoothing=0.1", "drop_path_rate=0.1", "randaugment_magnitude=9", "hflip=0.5", "ema_decay=0.999",
-          "max_steps=null", "num_workers=0"]
+          "max_steps=null", "num_workers=0",
+          # the shared shards are provisioned again each sitting (their times move; names and sizes are still
+          # checked): without this a run cut off by a sitting's end could not resume in the next
+          "accept_data_mtime=true"]
 EPOCHS = {"60": 60, "60-check": 60, "120": 120}
 CURVE_EVERY = 10  # epochs between test evaluations
-SITTINGS_HOURS = 5.5 * 2  # two sittings of two jobs: the pre-registered budget, in job-hours
+SITTINGS_HOURS = 5.5 * 2  # the pre-registered budget: two jobs x 5.5 hours = 11 job-hours
 
 
 def _overrides(settings: dict[str, Any]) -> str:
@@ -53,20 +55,28 @@ def _overrides(settings: dict[str, Any]) -> str:
     return "model_overrides={" + ", ".join(f"{k}: {v}" for k, v in model.items()) + "}"
 
 
-def _srvit(args: list[str], log: Path) -> float:
-    """Run ``python -m srvit ...`` on one thread; returns the CPU-seconds of this call's process (raises on failure,
-    naming the log). Only a process that does all its work in this call measures its cost by this: ``srvit eval``,
-    not ``srvit train``, which resumes from its folder (its cost is its summary's ``train_seconds``)."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+def _srvit(*calls: tuple[list[str], Path]) -> list[float]:
+    """Run ``python -m srvit ARGS`` for every ``(args, log)`` at once, one thread each; returns the CPU-seconds of
+    each process (its own rusage), raising on a failure with its log named. Only a process that does all its work
+    in this call measures its cost by this: ``srvit eval``, not ``srvit train``, which resumes from its folder (its
+    cost is its summary's ``train_seconds``)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    with open(log, "w") as sink:
-        code = subprocess.run([sys.executable, "-m", "srvit", *args], stdout=sink, stderr=subprocess.STDOUT, env=env,
-                              check=False).returncode
-    if code != 0:
-        raise RuntimeError(f"srvit {args[0]} exited with {code}: see {log}\n" + "\n".join(
-            log.read_text().splitlines()[-8:]))
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    procs = []
+    for args, log in calls:
+        with open(log, "w") as sink:
+            procs.append((subprocess.Popen([sys.executable, "-m", "srvit", *args], stdout=sink,
+                                           stderr=subprocess.STDOUT, env=env), args, log))
+    seconds, failed = [], []
+    for proc, args, log in procs:
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        seconds.append(usage.ru_utime + usage.ru_stime)
+        if proc.returncode != 0:
+            failed.append(f"srvit {args[0]} exited with {proc.returncode}: see {log}\n"
+                          + "\n".join(log.read_text().splitlines()[-8:]))
+    if failed:
+        raise RuntimeError("\n".join(failed))
+    return seconds
 
 
 def _train_args(settings: dict[str, Any], seed: int, epochs: float, out: Path, options: dict[str, Any],
@@ -75,34 +85,29 @@ def _train_args(settings: dict[str, Any], seed: int, epochs: float, out: Path, o
     val = ["--val-data", options["test"]] if evaluate_every else []
     args = ["train", "--config", "cifar10-srvit-ti", "--data", options["train"], *val, "--out", str(out), "--set",
             "progress_bar=false", _overrides(settings), f"seed={seed}", f"epochs={epochs}", *RECIPE,
-            f"log_every={spe}", f"checkpoint_every={5 * spe}", f"eval_every={evaluate_every or 0}"]
+            "log_every=1", f"checkpoint_every={5 * spe}", f"eval_every={evaluate_every or 0}"]
     if smoke:  # after RECIPE's max_steps=null: the later item wins
-        args += [f"max_steps={smoke}", "log_every=1"]
+        args += [f"max_steps={smoke}"]
     return args
 
 
 def pilot(context: RunContext) -> dict[str, Any]:
-    """Per arm: CPU-seconds of one training epoch and of one pass over the test images (R1, R4 alternating).
+    """Per arm: CPU-seconds of one training epoch and of one pass over the test images, R1 and R4 side by side (one
+    thread each, both at once, as the study's runs go two at a time).
 
     Each arm trains from an empty folder: ``srvit train`` would resume a folder left by a killed pilot (or stop at
     once in a finished one), and the epoch measured would not be one uninterrupted epoch of this pilot."""
-    out: dict[str, Any] = {"arms": {}}
-    for arm in ("R1", "R4"):
-        run = context.workdir / arm
-        if run.exists():
-            shutil.rmtree(run)
-        settings = dict(STUDY.arm(arm).settings)
-        _srvit(_train_args(settings, 0, 1, run, dict(context.options), None), context.workdir / f"{arm}.log")
-        train = json.loads((run / "train_summary.json").read_text())["train_seconds"]
-        out["arms"][arm] = {"train_epoch_cpu_seconds": train}
-    for arm in ("R1", "R4"):
-        run = context.workdir / arm
-        limit = ["--limit", "256"] if context.options.get("smoke_steps") else []
-        test = _srvit(["eval", "--checkpoint", str(run), "--data", context.options["test"], "--out",
-                       str(context.workdir / f"{arm}-eval"), "--num-workers", "0", "--steps", "", *limit],
-                      context.workdir / f"{arm}-eval.log")
-        out["arms"][arm]["test_pass_cpu_seconds"] = test
-    return out
+    arms, work, opts = ("R1", "R4"), context.workdir, dict(context.options)
+    for arm in arms:
+        if (work / arm).exists():
+            shutil.rmtree(work / arm)
+    _srvit(*[(_train_args(dict(STUDY.arm(a).settings), 0, 1, work / a, opts, None), work / f"{a}.log") for a in arms])
+    limit = ["--limit", "256"] if opts.get("smoke_steps") else []
+    tests = _srvit(*[(["eval", "--checkpoint", str(work / a), "--data", opts["test"], "--out", str(work / f"{a}-eval"),
+                       "--num-workers", "0", "--steps", "", *limit], work / f"{a}-eval.log") for a in arms])
+    return {"side_by_side": True, "arms": {
+        a: {"train_epoch_cpu_seconds": json.loads((work / a / "train_summary.json").read_text())["train_seconds"],
+            "test_pass_cpu_seconds": t} for a, t in zip(arms, tests, strict=True)}}
 
 
 def run(planned: PlannedRun, context: RunContext) -> dict[str, Any]:
@@ -113,27 +118,40 @@ def run(planned: PlannedRun, context: RunContext) -> dict[str, Any]:
     every = max(1, round(CURVE_EVERY * scale)) * spe
     # the run folder persists: a run killed part-way resumes from its checkpoint, and the trainer's train_seconds
     # (checkpointed) is the whole run's training CPU, not this call's
-    _srvit(_train_args(dict(planned.settings), planned.seed, epochs, context.workdir, dict(context.options), every),
-           context.workdir.parent / f"{planned.id}.log")
+    _srvit((_train_args(dict(planned.settings), planned.seed, epochs, context.workdir, dict(context.options), every),
+            context.workdir.parent / f"{planned.id}.log"))
     summary = json.loads((context.workdir / "train_summary.json").read_text())
+    if summary["stopped_by"] is not None or not summary["validation"] or \
+            summary["validation"][-1]["step"] != summary["total_steps"]:
+        raise RuntimeError(f"{planned.id}: srvit train ended at step {summary['step']} of {summary['total_steps']} "
+                           f"(stopped by {summary['stopped_by']}) without the final test pass; `loopvae study "
+                           f"srvit-depth --retry-failed` resumes it from {context.workdir}")
     curve = [{"epoch": round(v["step"] / spe, 2), "top1": 100 * v["top1"]} for v in summary["validation"]]
     return {"epochs": round(summary["step"] / spe, 2), "top1": curve[-1]["top1"], "curve": curve,
             "train_seconds": summary["train_seconds"],
             "steps": summary["step"], "train_curve": _train_curve(context.workdir, spe)}
 
 
-def _train_curve(run: Path, spe: int) -> list[dict[str, float]]:
-    """Per epoch: training loss, training-batch top-1 (%) and the mean SoftMoR router entropy (nats; R > 1)."""
+def _train_curve(run: Path, spe: int) -> list[dict[str, Any]]:
+    """Per epoch, the means over its steps (every step is logged): training loss, training-batch top-1 (%), and for
+    R > 1 the SoftMoR router entropy (nats; ln R is uniform), over the blocks and per block."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    events = EventAccumulator(str(run / "tb")).Reload()
+    events = EventAccumulator(str(run / "tb"), size_guidance={"scalars": 0}).Reload()  # 0: keep every step
     tags = events.Tags()["scalars"]
+    blocks = sorted(t for t in tags if t.startswith("train/fusion_entropy/block"))
     series = {name: {e.step: e.value for e in events.Scalars(tag)} for name, tag in
-              (("loss", "train/loss"), ("train_top1", "train/train_top1"), ("router_entropy", "train/fusion_entropy"))
-              if tag in tags}
-    return [{"epoch": round(step / spe, 2), **{k: (100 * v[step] if k == "train_top1" else v[step])
-                                               for k, v in series.items() if step in v}}
-            for step in sorted(series.get("loss", {}))]
+              [("loss", "train/loss"), ("train_top1", "train/train_top1"), ("router_entropy", "train/fusion_entropy"),
+               *((f"block{t.rsplit('block', 1)[1]}", t) for t in blocks)] if tag in tags}
+    epochs: dict[int, dict[str, list[float]]] = {}
+    for name, values in series.items():
+        for step, v in values.items():
+            epochs.setdefault((step - 1) // spe + 1, {}).setdefault(name, []).append(100 * v if name == "train_top1"
+                                                                                     else v)
+    mean = lambda vs: sum(vs) / len(vs)
+    return [{"epoch": e, **{k: mean(v) for k, v in cols.items() if not k.startswith("block")},
+             **({"router_entropy_blocks": [mean(cols[f"block{t.rsplit('block', 1)[1]}"]) for t in blocks]}
+                if blocks else {})} for e, cols in sorted(epochs.items())]
 
 
 def prepare(context: RunContext) -> dict[str, Any]:
@@ -175,7 +193,8 @@ def projection(records: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
 
     def hours(arm: str, epochs: int, depth_factor: float = 1.0) -> float:
         a = arms[arm]
-        return (epochs * a["train_epoch_cpu_seconds"] * depth_factor + (epochs // CURVE_EVERY + 1) *
+        # a test pass every CURVE_EVERY epochs, the last at the final epoch
+        return (epochs * a["train_epoch_cpu_seconds"] * depth_factor + max(1, epochs // CURVE_EVERY) *
                 a["test_pass_cpu_seconds"] * depth_factor) / 3600
 
     core = {s: hours("R1", 60) + hours("R4", 60) for s in range(5)}
@@ -216,7 +235,7 @@ def row(record: dict[str, Any]) -> dict[str, Any] | None:
         return None
     return {"arm": record["arm"], "budget": record["budget"], "seed": record["seed"], "epochs": record["epochs"],
             "top1": record["top1"], "curve": record["curve"], "train_seconds": record["train_seconds"],
-            "cpu_seconds": record.get("run_cpu_seconds")}
+            "train_curve": record["train_curve"], "cpu_seconds": record["train_seconds"]}
 
 
 def pilot_section(page: Page) -> list[str]:
@@ -227,11 +246,14 @@ def pilot_section(page: Page) -> list[str]:
     body = [[a, f"{v['train_epoch_cpu_seconds']:.0f}", f"{5000 / v['train_epoch_cpu_seconds']:.0f}",
              f"{v['test_pass_cpu_seconds']:.0f}"] for a, v in arms.items()]
     dropped = [k for k, kept in proj["keep"].items() if not kept]
-    return ["## Pilot (one thread, R1 and R4 alternating)", "",
+    side = "side by side, both at once" if page.records["pilot"].get("side_by_side") else "one after the other"
+    checks = proj["check_hours"]
+    return [f"## Pilot (one thread per arm, {side})", "",
             *md_table(["arm", "CPU-s per training epoch", "training images/s", "CPU-s per test pass"], body), "",
-            f"Projection: {proj['core_hours']:.1f} job-hours for the core runs, {proj['job_hours']:.1f} in all "
-            f"against the pre-registered {proj['budget_job_hours']:.0f}; fall-backs taken: "
-            f"{', '.join(dropped) if dropped else 'none'}.", ""]
+            f"Projection in job-hours: the 10 core runs (5 seeds x 2 arms) {proj['core_hours']:.1f}; the checks "
+            f"{checks['epochs120']:.1f} (120 epochs) and {checks['depth6']:.1f} (depth 6); after the fall-backs "
+            f"taken ({', '.join(dropped) if dropped else 'none'}), {proj['job_hours']:.1f} in all against the "
+            f"pre-registered budget of {proj['budget_job_hours']:.0f} (two jobs x 5.5 hours).", ""]
 
 
 def gap_section(page: Page) -> list[str]:
@@ -254,6 +276,34 @@ def gap_section(page: Page) -> list[str]:
                      mean_sd([curves[("R4", s)][e] for s in seeds]), mean_sd(gaps)])
     return ["## The gap over training (test top-1 %, descriptive)", "",
             *md_table(["epoch", "R1", "R4", "R4 − R1"], body), ""]
+
+
+def training_section(page: Page) -> list[str]:
+    """Training loss, training-batch top-1 and R4's router entropy every 10 epochs (per arm, mean ± sd over its
+    seeds at 60 epochs; each point the mean over that epoch's steps): descriptive."""
+    runs = [r for r in page.rows if r["budget"] == "60" and r["arm"] in ("R1", "R4")]
+    if not runs:
+        return []
+    at = lambda r, e: next((p for p in r["train_curve"] if p["epoch"] == e), None)
+    body = []
+    for e in sorted({p["epoch"] for r in runs for p in r["train_curve"] if p["epoch"] % CURVE_EVERY == 0}):
+        cells: list[Any] = [e]
+        for arm in ("R1", "R4"):
+            pts = [p for r in runs if r["arm"] == arm and (p := at(r, e)) is not None]
+            cells += [mean_sd([p["loss"] for p in pts], 3), mean_sd([p["train_top1"] for p in pts], 1)]
+        ent = [p for r in runs if r["arm"] == "R4" and (p := at(r, e)) is not None and "router_entropy" in p]
+        blocks = [b for p in ent for b in p.get("router_entropy_blocks", [])]
+        cells.append(f"{mean_sd([p['router_entropy'] for p in ent], 3)} ({min(blocks):.3f}–{max(blocks):.3f})"
+                     if blocks else "–")
+        body.append(cells)
+    return ["## Training curves (descriptive)", "",
+            *md_table(["epoch", "R1 loss", "R1 train top-1 %", "R4 loss", "R4 train top-1 %",
+                       "R4 router entropy, nats (blocks' range)"], body), "",
+            "Each point is the mean over that epoch's steps (every step is logged), mean ± sd over the seeds. The "
+            "loss includes label smoothing 0.1 (its floor for 10 classes is about 0.50), and the training batches "
+            "are augmented (RandAugment m9, flips), so training top-1 is not the test top-1. Router entropy: the "
+            "SoftMoR weights over R = 4 loop outputs, ln 4 = 1.386 when uniform; the range is over the blocks' "
+            "per-epoch means.", ""]
 
 
 def validity(page: Page) -> dict[str, dict[str, Any]]:
@@ -328,7 +378,7 @@ def conclusion(page: Page) -> list[str]:
 def extra_results(page: Page) -> dict[str, Any]:
     prim = {k: page.primaries[0][k] for k in ("id", "a", "b", "diff", "ci", "n", "p", "verdict")} \
         if page.primaries else None
-    keep = ("arm", "seed", "epochs", "top1", "curve", "train_seconds")
+    keep = ("arm", "seed", "epochs", "top1", "curve", "train_seconds", "train_curve")
     main = [r for r in page.rows if r["budget"] == "60" and r["arm"] in ("R1", "R4")]
     checks = [r for r in page.rows if r not in main]
     return {"primary": prim, "runs": [{k: r[k] for k in keep} for r in sorted(main, key=lambda r: (r["arm"],
@@ -362,7 +412,9 @@ STUDY = Study(
     code_paths=("packages", "pipelines", "studies/srvit_depth.py"),  # its run function is part of what is measured
     phases=[Phase("pilot", plan_pilot), Phase("main", plan_main), Phase("checks", plan_checks)],
     sections=[std.header, std.preregistration, pilot_section, std.runs_table, std.primaries, gap_section,
-              checks_section, std.divergence, curves, conclusion],
+              training_section, checks_section, std.divergence, curves, conclusion],
+    cpu_note="CPU-s per run: the trainer's own counter of its optimisation loop (checkpointed, so cumulative when "
+             "a run resumes in a later sitting; the test passes excluded).",
     extra_results=extra_results,
     seeds_follow_plan=True,
 )

@@ -26,9 +26,13 @@ def _pilot(r1_epoch: float, r4_epoch: float, test: float = 30.0) -> dict:
 
 def _run(arm: str, budget: str, seed: int, top1: float, epochs: int = 60) -> dict:
     curve = [{"epoch": e, "top1": top1 - (epochs - e) / 10} for e in range(10, epochs + 1, 10)]
+    router = {"router_entropy": 1.2 + seed / 100, "router_entropy_blocks": [1.1, 1.3 + seed / 50]} \
+        if arm == "R4" else {}
+    train_curve = [{"epoch": e, "loss": 2.0 - e / 60, "train_top1": 20.0 + e / 2 + seed, **router}
+                   for e in range(1, epochs + 1)]
     return {"id": f"{arm}-{budget}-s{seed}", "phase": "checks" if budget != "60" else "main", "arm": arm,
             "budget": budget, "seed": seed, "status": "finished", "epochs": epochs, "top1": top1, "curve": curve,
-            "train_seconds": 1000.0 + seed, "run_cpu_seconds": 1100.0}
+            "train_seconds": 1000.0 + seed, "run_cpu_seconds": 1100.0, "train_curve": train_curve}
 
 
 def test_the_projection_takes_the_fall_backs_in_the_registered_order() -> None:
@@ -36,7 +40,7 @@ def test_the_projection_takes_the_fall_backs_in_the_registered_order() -> None:
 
     fits = sd.projection({"pilot": _pilot(20, 70)})
     assert fits["keep"] == {"depth6": True, "epochs120": True, "seed4": True}
-    assert fits["core_hours"] == pytest.approx(5 * (60 * 90 + 7 * 120) / 3600)
+    assert fits["core_hours"] == pytest.approx(5 * (60 * 90 + 6 * 120) / 3600)  # 6 test passes a run
     tight = sd.projection({"pilot": _pilot(20, 120)})  # core ~12.2 job-hours: every fall-back, seed 4 last
     assert tight["keep"] == {"depth6": False, "epochs120": False, "seed4": False}
     middle = sd.projection({"pilot": _pilot(20, 85)})  # drops the depth check only
@@ -69,11 +73,39 @@ def test_page_and_results_json_follow_the_contract(tmp_path: Path) -> None:
     assert primary["ci"] == pytest.approx([expected.low, expected.high])
     assert [(r["arm"], r["seed"]) for r in results["runs"]] == [("R1", s) for s in range(4)] + [("R4", s)
                                                                                                  for s in range(4)]
-    assert set(results["runs"][0]) == {"arm", "seed", "epochs", "top1", "curve", "train_seconds"}
+    assert set(results["runs"][0]) == {"arm", "seed", "epochs", "top1", "curve", "train_seconds", "train_curve"}
     assert results["runs"][0]["curve"][0] == {"epoch": 10, "top1": 35.0}
-    assert "fall-backs taken: depth6, epochs120, seed4" in text and "**better**" in text
+    assert "after the fall-backs taken (depth6, epochs120, seed4)" in text and "**better**" in text
+    # training curves every 10 epochs: R1 / R4 loss and training top-1 over seeds, R4's router entropy and the
+    # blocks' range (seeds 0-3: entropy 1.2 + s / 100, blocks 1.1 and 1.3 + s / 50)
+    assert "| 60 | 1.000 ± 0.000 | 51.5 ± 1.3 | 1.000 ± 0.000 | 51.5 ± 1.3 | 1.215 ± 0.013 (1.100–1.360) |" in text
+    assert "Mean ± sd over seeds; CPU-s per run: the trainer's own counter" in text
+    assert "| R1 (`last`, 12 blocks), 60 | 4 | 40.00 / 41.00 / 42.00 / 43.00 | 41.50 ± 1.29 | 1002 ± 1 |" in text
     assert "reproduces at CPU scale" in text and "## The gap over training" in text
     assert "| 60 | 41.50 ± 1.29 |" in text and "waiting for P1" not in text  # P1 read: its row is shown
+
+
+def test_a_run_whose_trainer_did_not_finish_is_not_a_result(tmp_path: Path, monkeypatch) -> None:
+    """srvit train stopped by a signal (exit 0, stopped_by set) or without its final test pass: the run raises (the
+    engine records it failed, naming how to resume) instead of recording a mid-training top-1 as P1 data."""
+    import srvit_depth as sd
+
+    from looprun.study import RunContext
+
+    planned = next(p for p in STUDY.grid("main") if p.id == "R1-60-s0")
+    context = RunContext(root=ROOT, workdir=tmp_path / "R1-60-s0", options={"steps_per_epoch": 78, "train": "t",
+                                                                           "test": "v"})
+    context.workdir.mkdir()
+    monkeypatch.setattr(sd, "_srvit", lambda *calls: [0.0] * len(calls))
+    summary = {"step": 780, "total_steps": 4680, "stopped_by": "SIGTERM", "train_seconds": 900.0,
+               "validation": [{"step": 780, "top1": 0.3}]}
+    (context.workdir / "train_summary.json").write_text(json.dumps(summary))
+    with pytest.raises(RuntimeError, match=r"ended at step 780 of 4680 \(stopped by SIGTERM\).*--retry-failed"):
+        sd.run(planned, context)
+    summary.update(step=4680, stopped_by=None)  # complete, but the last test pass is not the final step's
+    (context.workdir / "train_summary.json").write_text(json.dumps(summary))
+    with pytest.raises(RuntimeError, match="without the final test pass"):
+        sd.run(planned, context)
 
 
 def _render(tmp_path: Path, records: dict[str, dict]) -> tuple[str, dict]:

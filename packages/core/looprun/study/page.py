@@ -142,7 +142,7 @@ def runs_table(page: Page) -> list[str]:
     header_cells = ["group", "seeds", f"{study.metric.label or study.metric.name}{unit} per seed",
                     *[f"{m.label or m.name} (mean ± sd)" for m in metrics], "CPU-s per run"]
     return ["## Runs", "", *md_table(header_cells, body), "",
-            "Mean ± sd over seeds; CPU-seconds as measured for each run (process and children).", ""]
+            f"Mean ± sd over seeds; {study.cpu_note}", ""]
 
 
 def primaries(page: Page) -> list[str]:

@@ -179,6 +179,7 @@ class Study:
     extra_results: Callable[[Any], dict[str, Any]] | None = None
     seeds_follow_plan: bool = False  # comparisons read only the seeds the phases plan (a pilot's fall-back)
     smoke_options: tuple[str, ...] = ()  # --option keys that change what a run measures (scale, smoke_steps ...)
+    cpu_note: str = "CPU-seconds as measured for each run (process and children)."  # what a row's cpu_seconds is
     source: Path | None = None  # the spec's file (set by load_study)
 
     def arm(self, name: str) -> Arm:
