@@ -286,7 +286,8 @@ def training_section(page: Page) -> list[str]:
         return []
     at = lambda r, e: next((p for p in r["train_curve"] if p["epoch"] == e), None)
     body = []
-    for e in sorted({p["epoch"] for r in runs for p in r["train_curve"] if p["epoch"] % CURVE_EVERY == 0}):
+    last = max(p["epoch"] for r in runs for p in r["train_curve"])  # (a smoke run's only epoch)
+    for e in sorted({p["epoch"] for r in runs for p in r["train_curve"] if p["epoch"] % CURVE_EVERY == 0} | {last}):
         cells: list[Any] = [e]
         for arm in ("R1", "R4"):
             pts = [p for r in runs if r["arm"] == arm and (p := at(r, e)) is not None]

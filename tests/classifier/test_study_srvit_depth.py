@@ -208,5 +208,11 @@ def test_smoke_run_of_every_phase_through_the_engine(tmp_path: Path, cifar10: di
     results = json.loads((docs / "results.json").read_text())
     assert results["primary"]["n"] == 5 and len(results["runs"]) == 10 and len(results["checks"]) == 4
     assert all(r["curve"] and r["train_seconds"] > 0 for r in results["runs"])
+    # the curves from the trainer's own logs: R4's router entropy for each of its 12 blocks, near ln 4 this early
+    r4 = next(r for r in results["runs"] if r["arm"] == "R4")["train_curve"][0]
+    assert r4["epoch"] == 1 and r4["loss"] > 0 and len(r4["router_entropy_blocks"]) == 12
+    assert r4["router_entropy"] == pytest.approx(1.386, abs=0.05)
+    assert results["pilot"]["keep"] and "side by side, both at once" in (tmp_path / "docs/study_srvit_depth.md"
+                                                                         ).read_text()
     again = subprocess.run(cmd, capture_output=True, text=True, check=False)
     assert again.returncode == 0 and "0 run(s) ran" in again.stdout
