@@ -34,13 +34,13 @@ def _ci(ci: list[float | None] | None) -> str:
 
 def render(root: Path = ROOT) -> str:
     """The answer block: one row per pre-registered primary of the two studies, then the cost line."""
-    rows = ["| study | primary | seeds | PSNR difference, dB [95% CI] | verdict |", "|---|---|---:|---|---|"]
+    rows = ["| study | primary | seeds | difference [95% CI] | verdict |", "|---|---|---:|---|---|"]
     sharing_file = root / "docs/study_sharing/results.json"
     sharing = json.loads(sharing_file.read_text()) if sharing_file.is_file() else None
     if sharing and sharing.get("primaries"):
         for p in sharing["primaries"]:
             rows.append(f"| [sharing](docs/study_sharing.md) | {p['id']}: {SHARING[p['id']]} | {p['n']} | "
-                        f"{p['diff']:+.2f} {_ci(p['ci'])} | **{p['verdict']}** (Holm; margin "
+                        f"{p['diff']:+.2f} dB {_ci(p['ci'])} | **{p['verdict']}** (Holm; margin "
                         f"{'0.20 dB' if p['margin'] else 'none'}) |")
     else:
         done = sharing["conclusion"]["seeded_runs"] if sharing else {"finished": 0, "planned": 24}
@@ -59,8 +59,9 @@ def render(root: Path = ROOT) -> str:
         c = comps[(a, b)]
         if a.endswith("@cpu"):  # the budgets were sized by a probe: say what the reference actually got
             text += f" (as measured, the reference trained {seconds(b) / seconds(a):.2f}× as long)"
-        rows.append(f"| [fair](docs/study_fair.md) | {pid}: {text} | {c['n']} | {c['diff']:+.2f} {_ci(c['ci'])} "
+        rows.append(f"| [fair](docs/study_fair.md) | {pid}: {text} | {c['n']} | {c['diff']:+.2f} dB {_ci(c['ci'])} "
                     f"| **{c['verdict']}** (Holm p {c['p_holm']:.3g}) |")
+    rows.append(depth_row(root))
     costs = fair["conclusion"]["costs"]
 
     def ratio(a: str, b: str, key: str) -> float:
@@ -73,6 +74,20 @@ def render(root: Path = ROOT) -> str:
             f"{ratio('loopvae@img', 'klvae@img', 'train_ms_per_image'):.2f}× / "
             f"{ratio('loopvae-sc@img', 'dcae@img', 'train_ms_per_image'):.2f}× their training CPU time per image.")
     return "\n".join(rows) + "\n\n" + cost + ("\n\n" + sharing_line(sharing["conclusion"]) if sharing else "")
+
+
+def depth_row(root: Path) -> str:
+    """The SR-ViT depth study's P1 (R4 − R1, test top-1 points) with its pre-registered interpretation."""
+    first = ("| [srvit-depth](docs/study_srvit_depth.md) | P1: SR-ViT R4 − R1 (SoftMoR depth), CIFAR-10 test top-1, "
+             "60 epochs")
+    results = json.loads((root / "docs/study_srvit_depth/results.json").read_text())
+    p = results["primary"]
+    if p is None:
+        planned = 8 if results["pilot"] and not results["pilot"]["keep"]["seed4"] else 10  # the pilot's fall-back
+        return (f"{first} | – | {'not started' if not results['runs'] else 'running'} ({len(results['runs'])} of "
+                f"{planned} seeded runs finished; runs after the sharing study) | pre-registered, not read yet |")
+    return (f"{first} | {p['n']} | {p['diff']:+.2f} points {_ci(p['ci'])} | **{p['verdict']}** (paired t; "
+            f"{results['interpretation']} under the pre-registered rule) |")
 
 
 def sharing_line(c: dict) -> str:

@@ -352,25 +352,37 @@ def checks_section(page: Page) -> list[str]:
     return [*out, ""]
 
 
+def interpretation(page: Page) -> str | None:
+    """P1 under the pre-registered interpretation rule (``None`` until P1 is read): ``reproduces`` (better),
+    ``does not transfer`` (worse with every validity check passing) or ``uninformative``."""
+    if not page.primaries:
+        return None
+    verdict = page.primaries[0]["verdict"]
+    if verdict == "better":
+        return "reproduces"
+    if verdict == "worse" and all(c["passed"] for c in validity(page).values()):
+        return "does not transfer"
+    return "uninformative"
+
+
 def conclusion(page: Page) -> list[str]:
     out = ["## Conclusion (computed under the pre-registered interpretation rule)", ""]
-    if not page.primaries:
+    if (reading := interpretation(page)) is None:
         return [*out, "P1 is not read yet: its runs are incomplete.", ""]
     p = page.primaries[0]
     line = f"P1 (R4 − R1): {p['diff']:+.2f} points, 95% interval {interval(p['ci'])}, n = {p['n']} seeds: " \
            f"**{p['verdict']}**. "
-    if p["verdict"] == "better":
+    if reading == "reproduces":
         line += "The paper's depth trend reproduces at CPU scale."
+    elif reading == "does not transfer":
+        line += ("With the validity checks (a) and (b) passing, this is evidence that the trend does not "
+                 "transfer to small-data CIFAR at this scale.")
     elif p["verdict"] == "worse":
-        checks = validity(page)
-        if all(c["passed"] for c in checks.values()):
-            line += ("With the validity checks (a) and (b) passing, this is evidence that the trend does not "
-                     "transfer to small-data CIFAR at this scale.")
-        else:
-            why = [f"({k}) " + ("failed" if c["passed"] is False else "was dropped by the pilot's fall-backs"
-                                if c["dropped"] else "has not run yet") for k, c in checks.items() if not c["passed"]]
-            line += ("Uninformative under the pre-registered rule: a *worse* counts only with every validity check "
-                     f"passing, and here {', '.join(why)}.")
+        why = [f"({k}) " + ("failed" if c["passed"] is False else "was dropped by the pilot's fall-backs"
+                            if c["dropped"] else "has not run yet") for k, c in validity(page).items()
+               if not c["passed"]]
+        line += ("Uninformative under the pre-registered rule: a *worse* counts only with every validity check "
+                 f"passing, and here {', '.join(why)}.")
     else:
         line += "Uninformative: the study cannot tell whether the trend transfers at this scale."
     return [*out, line, ""]
@@ -382,8 +394,8 @@ def extra_results(page: Page) -> dict[str, Any]:
     keep = ("arm", "seed", "epochs", "top1", "curve", "train_seconds", "train_curve")
     main = [r for r in page.rows if r["budget"] == "60" and r["arm"] in ("R1", "R4")]
     checks = [r for r in page.rows if r not in main]
-    return {"primary": prim, "runs": [{k: r[k] for k in keep} for r in sorted(main, key=lambda r: (r["arm"],
-                                                                                                  r["seed"]))],
+    runs = sorted(main, key=lambda r: (r["arm"], r["seed"]))
+    return {"primary": prim, "interpretation": interpretation(page), "runs": [{k: r[k] for k in keep} for r in runs],
             "checks": [{"budget": r["budget"], **{k: r[k] for k in keep}} for r in checks],
             "pilot": projection(page.records)}
 

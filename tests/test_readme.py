@@ -49,6 +49,37 @@ def test_answer_block_is_the_studies_numbers() -> None:
     assert block == readme_answer.render(), "README's answer is stale: run python benchmarks/readme_answer.py"
 
 
+def test_answer_block_reads_each_study_once_its_primaries_are_read(tmp_path: Path) -> None:
+    """The generated lines with the studies' families complete (results.json as the pages write them, with made-up
+    numbers): the sharing line and rows carry the pre-registered verdict words; SR-ViT's row its interpretation."""
+    import json
+    import shutil
+
+    import readme_answer
+
+    for study in ("study_fair", "study_sharing", "study_srvit_depth"):
+        shutil.copytree(ROOT / "docs" / study, tmp_path / "docs" / study)
+    sharing = json.loads((tmp_path / "docs/study_sharing/results.json").read_text())
+    rows = [("Q1", -0.05, 5, 0.2, "sharing costs < 0.2 dB"), ("Q2", -0.12, 3, 0.2, "sharing costs"),
+            ("P2-long", -0.41, 3, None, "worse")]
+    sharing["primaries"] = [{"id": i, "n": n, "diff": d, "ci": [d - 0.1, d + 0.1], "margin": m, "verdict": v}
+                            for i, d, n, m, v in rows]
+    sharing["conclusion"]["primaries"] = [{"id": i, "n": n, "psnr": {"diff": d, "ci": [d - 0.1, d + 0.1]},
+                                           "ssim": {"diff": -0.002, "ci": [-0.004, 0.0]}, "verdict": v}
+                                          for i, d, n, _, v in rows]
+    depth = json.loads((tmp_path / "docs/study_srvit_depth/results.json").read_text())
+    depth.update(primary={"id": "P1", "n": 5, "diff": -1.1, "ci": [-1.9, -0.3], "verdict": "worse"},
+                 interpretation="uninformative")
+    for name, data in (("study_sharing", sharing), ("study_srvit_depth", depth)):
+        (tmp_path / "docs" / name / "results.json").write_text(json.dumps(data))
+    block = readme_answer.render(tmp_path)
+    assert "| 3 | -0.12 dB [-0.22, -0.02] | **sharing costs** (Holm; margin 0.20 dB) |" in block
+    assert "Q1 (tied − untied, 12,000 crops): PSNR -0.05 dB [-0.15, +0.05], SSIM -0.002, 5 seeds, **sharing costs " \
+           "< 0.2 dB**" in block and "under way" not in block
+    assert "| 5 | -1.10 points [-1.90, -0.30] | **worse** (paired t; uninformative under the pre-registered rule) |" \
+        in block
+
+
 def test_every_docs_page_is_in_the_map_and_every_link_resolves() -> None:
     index = (ROOT / "docs/index.md").read_text()
     pages = sorted(p.name for p in (ROOT / "docs").glob("*.md") if p.name != "index.md")
