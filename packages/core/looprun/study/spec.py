@@ -69,7 +69,7 @@ class Comparison:
     metric: str | None = None
     seeds: tuple[int, ...] | None = None
     paired: bool = True
-    words: Mapping[str, str] = field(default_factory=dict)
+    words: Mapping[str, str] = field(default_factory=dict, hash=False)  # (a dict: not hashable)
 
     def __post_init__(self) -> None:
         allowed = MARGIN_VERDICTS if self.margin is not None else PLAIN_VERDICTS
