@@ -312,7 +312,10 @@ def validity(page: Page) -> dict[str, dict[str, Any]]:
     run, or when the pilot's fall-backs dropped it), ``dropped`` and ``text`` (its line on the page).
 
     (a) 60 epochs is no longer early: R1 seed 0 rises by at most 1 point from 60 to 120 epochs.
-    (b) this regime rewards depth: the 95% interval of depth 12 − depth 6 (R1, paired by seed) lies above 0."""
+    (b) this regime rewards depth: the 95% interval of depth 12 − depth 6 (R1, paired by seed) lies above 0.
+    Computed once per render (the checks section, the interpretation and the conclusion all read it)."""
+    if "validity" in page.readings:
+        return page.readings["validity"]
     proj = projection(page.records)
     keep = proj["keep"] if proj else {}
     out: dict[str, dict[str, Any]] = {}
@@ -343,6 +346,7 @@ def validity(page: Page) -> dict[str, dict[str, Any]]:
                             f"{interval([depth['low'], depth['high']])} (95%, paired by seed): this regime "
                             f"{'rewards' if rewards else 'does not clearly reward'} depth (the interval "
                             f"{'lies' if rewards else 'does not lie'} above 0; {'passes' if rewards else 'fails'})."}
+    page.readings["validity"] = out
     return out
 
 
