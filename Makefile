@@ -99,7 +99,7 @@ study-sharing-report: setup
 	$(BIN)/loopvae study sharing --render-only
 
 # SoftMoR's headline at a budget where depth can pay (docs/study_srvit_depth.md, spec studies/srvit_depth.py): a
-# pilot, then SR-ViT R1 and R4 x 5 seeds x 60 epochs on CIFAR-10 (one recipe), P1 = R4 - R1; ~4-5 h on 2 cores.
+# pilot, then SR-ViT R1 and R4 x 5 seeds x 60 epochs on CIFAR-10 (one recipe), P1 = R4 - R1; ~5.5 h on 2 cores (the pilot's projection).
 study-srvit-depth: setup
 	$(BIN)/loopvae study srvit-depth --jobs 2
 

@@ -39,9 +39,9 @@ def render(root: Path = ROOT) -> str:
     sharing = json.loads(sharing_file.read_text()) if sharing_file.is_file() else None
     if sharing and sharing.get("primaries"):
         for p in sharing["primaries"]:
+            margin = f"; margin {p['margin']:.2f} dB" if p["margin"] else ""
             rows.append(f"| [sharing](docs/study_sharing.md) | {p['id']}: {SHARING[p['id']]} | {p['n']} | "
-                        f"{p['diff']:+.2f} dB {_ci(p['ci'])} | **{p['verdict']}** (Holm; margin "
-                        f"{'0.20 dB' if p['margin'] else 'none'}) |")
+                        f"{p['diff']:+.2f} dB {_ci(p['ci'])} | **{p['verdict']}** (Holm p {p['p_holm']:.3g}{margin}) |")
     else:
         done = sharing["conclusion"]["seeded_runs"] if sharing else {"finished": 0, "planned": 24}
         for pid, text in SHARING.items():
@@ -84,8 +84,9 @@ def depth_row(root: Path) -> str:
     p = results["primary"]
     if p is None:
         planned = 8 if results["pilot"] and not results["pilot"]["keep"]["seed4"] else 10  # the pilot's fall-back
-        return (f"{first} | – | {'not started' if not results['runs'] else 'running'} ({len(results['runs'])} of "
-                f"{planned} seeded runs finished; runs after the sharing study) | pre-registered, not read yet |")
+        state = "running" if results["pilot"] else "not started"
+        return (f"{first} | – | {state} ({len(results['runs'])} of {planned} seeded runs finished) | "
+                "pre-registered, not read yet |")
     return (f"{first} | {p['n']} | {p['diff']:+.2f} points {_ci(p['ci'])} | **{p['verdict']}** (paired t; "
             f"{results['interpretation']} under the pre-registered rule) |")
 
@@ -100,7 +101,8 @@ def sharing_line(c: dict) -> str:
     line = (f"- **What sharing itself costs** ([docs/study_sharing.md](docs/study_sharing.md)): the same model "
             f"(`loopvae-cnn-tiny` with shortcuts) tied (`global`, {w['global'] / 1e6:.2f}M parameters) against "
             f"untied (`none`, {w['none'] / 1e6:.2f}M), same graph and {w['gmacs']:.2f} GMACs: tying removes "
-            f"{w['removed']:.0%} of the stored weights. Each sharing rule's learning rate was checked first "
+            f"{w['removed']:.0%} of the stored weights ({1 - w['core']['global'] / w['core']['none']:.0%} of the looped "
+            "cores'). Each sharing rule's learning rate was checked first "
             f"(picks: {picks}).")
     if not c["primaries"]:
         done = c["seeded_runs"]

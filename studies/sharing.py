@@ -163,6 +163,23 @@ def lr_section(page: Page) -> list[str]:
             "the same commit; `plan.json` pins it at the first seeded run).", ""]
 
 
+def lr_cell(row: dict[str, Any]) -> str:
+    """A run's learning rate: its arm's pick, or (``dcae-tiny``) the base recipe's lr under its fair-study pick."""
+    if row["lr"]:
+        return f"{row['lr']:.0e}"
+    lr = [float(x.split("=", 1)[1]) for x in (*BASE_RECIPE, *row["recipe"]) if x.startswith("lr=")][-1]
+    return f"{lr:.0e} (fair pick: {' '.join(row['recipe'])})"
+
+
+def core_weights(sharing: str) -> int:
+    """Stored parameters of the looped cores (encoder and decoder) of ``loopvae-cnn-tiny`` at ``sharing``: the
+    part of the model that tying shares (stems, resamplers and heads are never shared)."""
+    from loopvae import create_model  # torch: imported only when a page reads the conclusion
+
+    model = create_model(TINY, shortcuts=True, sharing=sharing)
+    return sum(p.numel() for name, p in model.named_parameters() if name.split(".")[1] == "core")
+
+
 def runs_section(page: Page) -> list[str]:
     if not page.rows:
         return ["## Every seeded run", "", "No seeded run has finished yet.", ""]
@@ -171,7 +188,7 @@ def runs_section(page: Page) -> list[str]:
         rs = sorted((r for r in page.rows if f"{r['arm']}@{r['budget']}" == group), key=lambda r: r["seed"])
         first = rs[0]
         body.append([page.study.arm(first["arm"]).title, f"{int(first['budget']):,}", f"{first['params']:,}",
-                     f"{first['gmacs']:.2f}", f"{first['lr']:.0e}" if first["lr"] else " ".join(first["recipe"]),
+                     f"{first['gmacs']:.2f}", lr_cell(first),
                      " / ".join(f"{r['psnr']:.2f}" for r in rs), mean_sd([r["psnr"] for r in rs]),
                      mean_sd([r["ssim"] for r in rs], 3), mean_sd([r["cpu_ms_per_image"] for r in rs], 1)])
     return ["## Every seeded run (40 held-out ImageNet images at 256²)", "",
@@ -193,7 +210,7 @@ def computed(page: Page) -> dict[str, Any]:
     ssim = group_values(page.rows, "ssim")
     out = page.readings["conclusion"] = {
         "weights": g and n and {"global": g["params"], "none": n["params"], "removed": 1 - g["params"] / n["params"],
-                                "gmacs": g["gmacs"]},
+                                "gmacs": g["gmacs"], "core": {arm: core_weights(arm) for arm in ("global", "none")}},
         "lr_picks": {arm: lr_pick(arm, page.records) for arm in SHARING},
         "seeded_runs": {"finished": len(page.rows), "planned": sum(p.phase == "main" for p in page.planned)},
         "primaries": [{"id": p["id"], "label": p["label"], "n": p["n"], "psnr": {"diff": p["diff"], "ci": p["ci"]},
@@ -206,8 +223,11 @@ def computed(page: Page) -> dict[str, Any]:
 def conclusion(page: Page) -> list[str]:
     out, done = ["## Conclusion (computed from the numbers above)", ""], computed(page)
     if w := done["weights"]:
-        out.append(f"- Tying every core block (`global` against `none`) removes {w['removed']:.0%} of the model's "
-                   f"stored weights ({w['none']:,} → {w['global']:,} parameters) at the same {w['gmacs']:.2f} GMACs.")
+        core = w["core"]
+        out.append(f"- Tying every core block (`global` against `none`) removes {1 - core['global'] / core['none']:.0%} "
+                   f"of the looped cores' stored weights ({core['none']:,} → {core['global']:,} parameters) and "
+                   f"{w['removed']:.0%} of the model's ({w['none']:,} → {w['global']:,}: stems, resamplers and heads "
+                   f"are never shared) at the same {w['gmacs']:.2f} GMACs.")
     if not done["primaries"]:
         return [*out, "- The primaries are not read yet (their family is incomplete).", ""]
     for p in done["primaries"]:

@@ -62,8 +62,8 @@ def test_answer_block_reads_each_study_once_its_primaries_are_read(tmp_path: Pat
     sharing = json.loads((tmp_path / "docs/study_sharing/results.json").read_text())
     rows = [("Q1", -0.05, 5, 0.2, "sharing costs < 0.2 dB"), ("Q2", -0.12, 3, 0.2, "sharing costs"),
             ("P2-long", -0.41, 3, None, "worse")]
-    sharing["primaries"] = [{"id": i, "n": n, "diff": d, "ci": [d - 0.1, d + 0.1], "margin": m, "verdict": v}
-                            for i, d, n, m, v in rows]
+    sharing["primaries"] = [{"id": i, "n": n, "diff": d, "ci": [d - 0.1, d + 0.1], "margin": m, "verdict": v,
+                             "p_holm": 0.0123} for i, d, n, m, v in rows]
     sharing["conclusion"]["primaries"] = [{"id": i, "n": n, "psnr": {"diff": d, "ci": [d - 0.1, d + 0.1]},
                                            "ssim": {"diff": -0.002, "ci": [-0.004, 0.0]}, "verdict": v}
                                           for i, d, n, _, v in rows]
@@ -73,7 +73,8 @@ def test_answer_block_reads_each_study_once_its_primaries_are_read(tmp_path: Pat
     for name, data in (("study_sharing", sharing), ("study_srvit_depth", depth)):
         (tmp_path / "docs" / name / "results.json").write_text(json.dumps(data))
     block = readme_answer.render(tmp_path)
-    assert "| 3 | -0.12 dB [-0.22, -0.02] | **sharing costs** (Holm; margin 0.20 dB) |" in block
+    assert "| 3 | -0.12 dB [-0.22, -0.02] | **sharing costs** (Holm p 0.0123; margin 0.20 dB) |" in block
+    assert "| 3 | -0.41 dB [-0.51, -0.31] | **worse** (Holm p 0.0123) |" in block  # no margin: none named
     assert "Q1 (tied − untied, 12,000 crops): PSNR -0.05 dB [-0.15, +0.05], SSIM -0.002, 5 seeds, **sharing costs " \
            "< 0.2 dB**" in block and "under way" not in block
     assert "| 5 | -1.10 points [-1.90, -0.30] | **worse** (paired t; uninformative under the pre-registered rule) |" \
