@@ -136,7 +136,7 @@ def row(r: dict[str, Any]) -> dict[str, Any] | None:
             "psnr": statistics.fmean(i["psnr"] for i in images), "ssim": statistics.fmean(i["ssim"] for i in images),
             "kodak_psnr": statistics.fmean(i["psnr"] for i in ev["kodak"]), "train_seconds": r["train_seconds"],
             "cpu_ms_per_image": 1000 * r["train_seconds"] / (r["steps"] * 8), "params": ev["arch"]["params"],
-            "gmacs": ev["arch"]["gmacs"], "lr": r.get("lr"), "recipe": r["recipe"], "code": r["code"]["commit"],
+            "gmacs": ev["arch"]["gmacs"], "lr": recipe_lr(r["recipe"]), "recipe": r["recipe"], "code": r["code"]["commit"],
             "curve": [{k: p.get(k) for k in ("step", "images_seen", "train_seconds", "psnr", "ssim")}
                       for p in r["curve"]],
             "per_image": [{k: i[k] for k in ("key", "shard", "psnr", "ssim", "bicubic_psnr")} for i in images],
@@ -159,16 +159,19 @@ def lr_section(page: Page) -> list[str]:
             "The pick rule was written down before these runs (pre-registration above): the best validation PSNR "
             "at step 500; a pick at the grid's edge extends the grid by a factor of 2 that way.", "",
             *md_table(["arm", *[f"lr {lr:.0e}" for lr in lrs], "pick"], body), "",
-            f"Training code: commit {', '.join(f'`{c}`' for c in commits)} (the seeded runs go on from a worktree of "
-            "the same commit; `plan.json` pins it at the first seeded run).", ""]
+            f"Training code: commit {', '.join(f'`{c}`' for c in commits)}; the seeded runs: "
+            f"{', '.join(f'`{c}`' for c in sorted({r['code'][:10] for r in page.rows})) or 'none yet'} (`plan.json` "
+            "pins the commit at the first seeded run; runs in later sittings went on from a worktree of it).", ""]
+
+
+def recipe_lr(recipe: list[str]) -> float:
+    """The learning rate a run trained at: the last ``lr=`` of the base recipe followed by the run's own recipe."""
+    return [float(x.split("=", 1)[1]) for x in (*BASE_RECIPE, *recipe) if x.startswith("lr=")][-1]
 
 
 def lr_cell(row: dict[str, Any]) -> str:
     """A run's learning rate: its arm's pick, or (``dcae-tiny``) the base recipe's lr under its fair-study pick."""
-    if row["lr"]:
-        return f"{row['lr']:.0e}"
-    lr = [float(x.split("=", 1)[1]) for x in (*BASE_RECIPE, *row["recipe"]) if x.startswith("lr=")][-1]
-    return f"{lr:.0e} (fair pick: {' '.join(row['recipe'])})"
+    return f"{row['lr']:.0e}" + (f" (fair pick: {' '.join(row['recipe'])})" if row["arm"] not in SHARING else "")
 
 
 def core_weights(sharing: str) -> int:
