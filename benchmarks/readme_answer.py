@@ -33,7 +33,8 @@ def _ci(ci: list[float | None] | None) -> str:
 
 
 def render(root: Path = ROOT) -> str:
-    """The answer block: one row per pre-registered primary of the two studies, then the cost line."""
+    """The answer block: the sharing study's answer in words, one row per pre-registered primary of the three
+    studies, then the cost line."""
     rows = ["| study | primary | seeds | difference [95% CI] | verdict |", "|---|---|---:|---|---|"]
     sharing_file = root / "docs/study_sharing/results.json"
     sharing = json.loads(sharing_file.read_text()) if sharing_file.is_file() else None
@@ -73,7 +74,8 @@ def render(root: Path = ROOT) -> str:
             f"{ratio('loopvae-sc@img', 'dcae@img', 'gmacs'):.2f}× their MACs per 256² image and takes "
             f"{ratio('loopvae@img', 'klvae@img', 'train_ms_per_image'):.2f}× / "
             f"{ratio('loopvae-sc@img', 'dcae@img', 'train_ms_per_image'):.2f}× their training CPU time per image.")
-    return "\n".join(rows) + "\n\n" + cost + ("\n\n" + sharing_line(sharing["conclusion"]) if sharing else "")
+    # the headline question's answer in words first, then every primary's row, then what the weights cost to run
+    return (sharing_line(sharing["conclusion"]) + "\n\n" if sharing else "") + "\n".join(rows) + "\n\n" + cost
 
 
 def depth_row(root: Path) -> str:
@@ -97,8 +99,8 @@ def sharing_line(c: dict) -> str:
     picks = ", ".join(f"`{arm}` {'waiting' if lr is None else format(lr, '.0e').replace('e-0', 'e-')}"
                       for arm, lr in c["lr_picks"].items())
     if not w:
-        return "- **What sharing itself costs**: no seeded run has finished yet."
-    line = (f"- **What sharing itself costs** ([docs/study_sharing.md](docs/study_sharing.md)): the same model "
+        return "**What sharing itself costs**: no seeded run has finished yet."
+    line = (f"**What sharing itself costs** ([docs/study_sharing.md](docs/study_sharing.md)): the same model "
             f"(`loopvae-cnn-tiny` with shortcuts) tied (`global`, {w['global'] / 1e6:.2f}M parameters) against "
             f"untied (`none`, {w['none'] / 1e6:.2f}M), same graph and {w['gmacs']:.2f} GMACs: tying removes "
             f"{w['removed']:.0%} of the stored weights ({1 - w['core']['global'] / w['core']['none']:.0%} of the looped "
@@ -111,7 +113,7 @@ def sharing_line(c: dict) -> str:
     said = [f"{p['id']} ({SHORT[p['id']]}): PSNR {p['psnr']['diff']:+.2f} dB "
             f"{_ci(p['psnr']['ci'])}, SSIM {p['ssim']['diff']:+.3f}, {p['n']} seeds, **{p['verdict']}**"
             for p in c["primaries"]]
-    return line + " " + "; ".join(said) + "."
+    return line + " On the 40 held-out ImageNet images at 256²: " + "; ".join(said) + "."
 
 
 def main() -> int:
