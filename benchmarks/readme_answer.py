@@ -42,7 +42,8 @@ def render(root: Path = ROOT) -> str:
         for p in sharing["primaries"]:
             margin = f"; margin {p['margin']:.2f} dB" if p["margin"] else ""
             rows.append(f"| [sharing](docs/study_sharing.md) | {p['id']}: {SHARING[p['id']]} | {p['n']} | "
-                        f"{p['diff']:+.2f} dB {_ci(p['ci'])} | **{p['verdict']}** (Holm p {p['p_holm']:.3g}{margin}) |")
+                        f"{p['diff']:+.2f} dB {_ci(p['ci'])} | **{p['verdict']}** (Holm p {p['p_holm']:.3g}"
+                        f"{margin}) |")
     else:
         done = sharing["conclusion"]["seeded_runs"] if sharing else {"finished": 0, "planned": 24}
         for pid, text in SHARING.items():
@@ -103,9 +104,8 @@ def sharing_line(c: dict) -> str:
     line = (f"**What sharing itself costs** ([docs/study_sharing.md](docs/study_sharing.md)): the same model "
             f"(`loopvae-cnn-tiny` with shortcuts) tied (`global`, {w['global'] / 1e6:.2f}M parameters) against "
             f"untied (`none`, {w['none'] / 1e6:.2f}M), same graph and {w['gmacs']:.2f} GMACs: tying removes "
-            f"{w['removed']:.0%} of the stored weights ({1 - w['core']['global'] / w['core']['none']:.0%} of the looped "
-            "cores'). Each sharing rule's learning rate was checked first "
-            f"(picks: {picks}).")
+            f"{w['removed']:.0%} of the stored weights ({w['core_removed']:.0%} of the looped cores'). Each sharing "
+            f"rule's learning rate was checked first (picks: {picks}).")
     if not c["primaries"]:
         done = c["seeded_runs"]
         return line + (f" The seeded runs are under way ({done['finished']} of {done['planned']} committed, run by "

@@ -136,7 +136,8 @@ def row(r: dict[str, Any]) -> dict[str, Any] | None:
             "psnr": statistics.fmean(i["psnr"] for i in images), "ssim": statistics.fmean(i["ssim"] for i in images),
             "kodak_psnr": statistics.fmean(i["psnr"] for i in ev["kodak"]), "train_seconds": r["train_seconds"],
             "cpu_ms_per_image": 1000 * r["train_seconds"] / (r["steps"] * 8), "params": ev["arch"]["params"],
-            "gmacs": ev["arch"]["gmacs"], "lr": recipe_lr(r["recipe"]), "recipe": r["recipe"], "code": r["code"]["commit"],
+            "gmacs": ev["arch"]["gmacs"], "lr": recipe_lr(r["recipe"]), "recipe": r["recipe"],
+            "code": r["code"]["commit"],
             "curve": [{k: p.get(k) for k in ("step", "images_seen", "train_seconds", "psnr", "ssim")}
                       for p in r["curve"]],
             "per_image": [{k: i[k] for k in ("key", "shard", "psnr", "ssim", "bicubic_psnr")} for i in images],
@@ -213,7 +214,8 @@ def computed(page: Page) -> dict[str, Any]:
     ssim = group_values(page.rows, "ssim")
     out = page.readings["conclusion"] = {
         "weights": g and n and {"global": g["params"], "none": n["params"], "removed": 1 - g["params"] / n["params"],
-                                "gmacs": g["gmacs"], "core": {arm: core_weights(arm) for arm in ("global", "none")}},
+                                "gmacs": g["gmacs"], "core": (core := {a: core_weights(a) for a in ("global", "none")}),
+                                "core_removed": 1 - core["global"] / core["none"]},
         "lr_picks": {arm: lr_pick(arm, page.records) for arm in SHARING},
         "seeded_runs": {"finished": len(page.rows), "planned": sum(p.phase == "main" for p in page.planned)},
         "primaries": [{"id": p["id"], "label": p["label"], "n": p["n"], "psnr": {"diff": p["diff"], "ci": p["ci"]},
@@ -227,10 +229,10 @@ def conclusion(page: Page) -> list[str]:
     out, done = ["## Conclusion (computed from the numbers above)", ""], computed(page)
     if w := done["weights"]:
         core = w["core"]
-        out.append(f"- Tying every core block (`global` against `none`) removes {1 - core['global'] / core['none']:.0%} "
-                   f"of the looped cores' stored weights ({core['none']:,} → {core['global']:,} parameters) and "
-                   f"{w['removed']:.0%} of the model's ({w['none']:,} → {w['global']:,}: stems, resamplers and heads "
-                   f"are never shared) at the same {w['gmacs']:.2f} GMACs.")
+        out.append(f"- Tying every core block (`global` against `none`) removes {w['core_removed']:.0%} of the looped "
+                   f"cores' stored weights ({core['none']:,} → {core['global']:,} parameters) and {w['removed']:.0%} "
+                   f"of the model's ({w['none']:,} → {w['global']:,}: stems, resamplers and heads are never shared) "
+                   f"at the same {w['gmacs']:.2f} GMACs.")
     if not done["primaries"]:
         return [*out, "- The primaries are not read yet (their family is incomplete).", ""]
     for p in done["primaries"]:
